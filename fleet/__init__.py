@@ -1,0 +1,38 @@
+"""fleet: durable execution for long, multi-step agent runs on a Celery worker fleet."""
+
+from fleet.app import Fleet, RunHandle, StepInfo
+from fleet.attempt import LeaseLost, StepContext
+from fleet.config import Settings
+from fleet.errors import (
+    BadInput,
+    FleetError,
+    NonDeterminism,
+    NonRetryable,
+    Retry,
+    RunFailed,
+    StepFailed,
+    StoreUnavailable,
+    WaitTimeout,
+)
+from fleet.policy import RetryPolicy
+from fleet.replay import WorkflowContext
+
+__all__ = [
+    "BadInput",
+    "Fleet",
+    "FleetError",
+    "LeaseLost",
+    "NonDeterminism",
+    "NonRetryable",
+    "Retry",
+    "RetryPolicy",
+    "RunFailed",
+    "RunHandle",
+    "Settings",
+    "StepContext",
+    "StepFailed",
+    "StepInfo",
+    "StoreUnavailable",
+    "WaitTimeout",
+    "WorkflowContext",
+]

@@ -1,0 +1,278 @@
+"""``Fleet``: the registry of workflows and steps, the client API, and the Celery app."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+from fleet import codec
+from fleet.config import Settings
+from fleet.dispatch import Dispatcher
+from fleet.errors import BadInput, RunFailed, StoreUnavailable, UnknownRun, WaitTimeout
+from fleet.policy import RetryPolicy
+from fleet.registry import Registry, StepDef, WorkflowDef
+from fleet.runtime import Runtime
+from fleet.states import RunStatus
+from fleet.store import migrate
+from fleet.store.engine import Database, redact
+from fleet.store.ledger import Ledger
+from fleet.store.queries import Queries
+from fleet.tasks import register
+
+log = logging.getLogger("fleet")
+
+MAX_RUN_ID = 200
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    id: str
+    name: str
+    status: str
+    attempts: int
+    epoch: int
+    error: str | None
+
+
+class RunHandle:
+    """A handle on one run, read from the store on every call."""
+
+    def __init__(self, fleet: Fleet, run_id: str) -> None:
+        self._fleet = fleet
+        self.id = run_id
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.id!r})"
+
+    def _row(self) -> Any:
+        row = self._fleet.runtime.queries.run(self.id)
+        if row is None:
+            raise UnknownRun(f"unknown run id {self.id!r}")
+        return row
+
+    def status(self) -> str:
+        return str(self._row().status)
+
+    def wait(self, timeout: float | None = 60.0, poll: float = 0.05) -> Any:
+        """Block until the run ends: its return value, or ``RunFailed``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = poll
+        while True:
+            row = self._row()
+            status = RunStatus(row.status)
+            if status == RunStatus.SUCCEEDED:
+                return codec.decode(row.result)
+            if status.finished:
+                raise RunFailed(self.id, status.value, row.error)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"run {self.id} still {status.value} after {timeout}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def steps(self) -> list[StepInfo]:
+        return [
+            StepInfo(s.step_id, s.name, s.status, s.attempts, s.epoch, s.error)
+            for s in self._fleet.runtime.queries.steps(self.id)
+            if s.kind == "task"
+        ]
+
+    def usage(self) -> dict[str, Any]:
+        """Calls, tokens and cost recorded by the run's steps, every attempt included."""
+        self._row()
+        return self._fleet.runtime.queries.usage(self.id)
+
+
+class Fleet:
+    """A fleet application: register workflows and steps, enqueue runs, inspect them.
+
+    Settings come from ``FLEET_*`` environment variables unless given here.
+    ``fleet.celery`` is a real ``celery.Celery`` (``celery -A module worker`` works).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        settings: Settings | None = None,
+        database_url: str | None = None,
+        broker_url: str | None = None,
+        lease_seconds: float | None = None,
+        default_retry: RetryPolicy | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings or Settings.from_env(
+            database_url=database_url, broker_url=broker_url, lease_seconds=lease_seconds
+        )
+        self.default_retry = default_retry or RetryPolicy()
+        self.registry = Registry()
+        self.celery = make_celery(name, self.settings)
+        db = Database(self.settings.database_url)
+        self.runtime = Runtime(
+            settings=self.settings,
+            db=db,
+            ledger=Ledger(db, grace=self.settings.sweep_grace),
+            queries=Queries(db),
+            registry=self.registry,
+            dispatcher=Dispatcher(self.celery),
+        )
+        register(self.celery, self.runtime)
+        self._schema_checked = False
+
+    # --- definitions --------------------------------------------------------------
+
+    def step(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        non_retryable: tuple[type[BaseException], ...] = (),
+        effect: bool = False,
+        idempotent: bool = False,
+    ) -> Any:
+        """Register a step: ``@fleet.step`` or ``@fleet.step(retry=..., effect=True)``."""
+
+        def decorate(f: Callable[..., Any]) -> StepDef:
+            return self.registry.add_step(
+                StepDef(
+                    name=name or f.__name__,
+                    fn=f,
+                    retry=retry or self.default_retry,
+                    non_retryable=tuple(non_retryable),
+                    effect=effect,
+                    idempotent=idempotent,
+                )
+            )
+
+        return decorate(fn) if fn is not None else decorate
+
+    def workflow(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        version: str = "1",
+        pins: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Register a workflow: ``@fleet.workflow(version="1", pins={"model": ...})``."""
+
+        def decorate(f: Callable[..., Any]) -> WorkflowDef:
+            return self.registry.add_workflow(
+                WorkflowDef(
+                    name=name or f.__name__, fn=f, version=str(version), pins=dict(pins or {})
+                )
+            )
+
+        return decorate(fn) if fn is not None else decorate
+
+    # --- the store ------------------------------------------------------------------
+
+    def ensure_schema(self) -> None:
+        """The embedded SQLite store creates its schema on first use; a server store
+        must be migrated on purpose (``fleet db upgrade``)."""
+        if self._schema_checked:
+            return
+        db = self.runtime.db
+        if not db.has_schema():
+            if not self.settings.is_sqlite:
+                raise StoreUnavailable(
+                    f"store {redact(db.url)} has no fleet schema: run `fleet db upgrade`"
+                )
+            migrate.upgrade(db)
+        self._schema_checked = True
+
+    def upgrade_schema(self) -> None:
+        migrate.upgrade(self.runtime.db)
+        self._schema_checked = True
+
+    # --- runs -------------------------------------------------------------------------
+
+    def enqueue(
+        self, workflow: WorkflowDef | str, *args: Any, run_id: str | None = None, **kwargs: Any
+    ) -> RunHandle:
+        """Start a run. With ``run_id``, idempotent: the same id twice is one run, started once."""
+        wf = self.registry.workflow(workflow)
+        if run_id is not None and (
+            not run_id or len(run_id) > MAX_RUN_ID or not run_id.isprintable()
+        ):
+            raise BadInput(f"run id {run_id!r} must be 1-{MAX_RUN_ID} printable characters")
+        rid = run_id or uuid.uuid4().hex
+        limit = self.settings.max_payload_bytes
+        payload = codec.encode(
+            {"args": list(args), "kwargs": kwargs},
+            what=f"arguments of workflow {wf.name}",
+            limit=limit,
+        )
+        pins = codec.encode(dict(wf.pins), what=f"pins of workflow {wf.name}", limit=limit)
+        self.ensure_schema()
+        queue = self.settings.queue
+        if self.runtime.ledger.create_run(rid, wf.name, wf.version, pins, payload, queue):
+            self.runtime.dispatcher.advance(rid, queue)
+        else:
+            existing = self.runtime.queries.run(rid)
+            if existing is not None and existing.workflow != wf.name:
+                raise BadInput(f"run id {rid!r} already belongs to workflow {existing.workflow!r}")
+        return RunHandle(self, rid)
+
+    def run(self, run_id: str) -> RunHandle:
+        """A handle for an existing run."""
+        self.ensure_schema()
+        handle = RunHandle(self, run_id)
+        handle._row()
+        return handle
+
+    def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
+        self.run(run_id)
+        return self.runtime.ledger.cancel_run(run_id, reason)
+
+
+def make_celery(name: str, settings: Settings) -> Celery:
+    broker = settings.broker_url
+    transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout}
+    folder = settings.broker_folder
+    if folder is not None:
+        queue_dir, processed, control = folder / "queue", folder / "processed", folder / "control"
+        for d in (queue_dir, processed, control):
+            d.mkdir(parents=True, exist_ok=True)
+        broker = "filesystem://"
+        transport_options.update(
+            data_folder_in=str(queue_dir),
+            data_folder_out=str(queue_dir),
+            processed_folder=str(processed),
+            control_folder=str(control),
+            store_processed=False,
+            polling_interval=0.05,
+        )
+    app = Celery(name, broker=broker, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        task_default_queue=settings.queue,
+        task_publish_retry_policy={
+            "max_retries": 3,
+            "interval_start": 0.1,
+            "interval_step": 0.5,
+            "interval_max": 1.0,
+        },
+        worker_hijack_root_logger=False,
+        worker_send_task_events=True,
+        task_send_sent_event=False,
+        enable_utc=True,
+    )
+    return app

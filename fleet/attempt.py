@@ -1,0 +1,262 @@
+"""One attempt of one step: take the lease, heartbeat, run, commit under the epoch held.
+
+Every decision here is made by a conditional write in the ledger; this module only
+sequences them and talks to the user's step function.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from typing import Any
+
+from fleet import codec
+from fleet.errors import FleetError, NonRetryable
+from fleet.policy import Verdict, classify
+from fleet.registry import StepDef
+from fleet.replay import advance, step_shadow
+from fleet.runtime import Runtime
+from fleet.states import Incident
+from fleet.store.ledger import Lease, TakeRefused
+
+log = logging.getLogger("fleet.attempt")
+
+# Retries due sooner than this go back to the broker as a countdown message; later
+# ones wait in the store for the sweeper (a countdown longer than the broker's
+# visibility timeout would be redelivered while still waiting).
+COUNTDOWN_LIMIT = 60.0
+
+
+class LeaseLost(FleetError):
+    """This attempt's lease was taken over or revoked; its result will not be recorded."""
+
+
+class StepContext:
+    """The first argument of a step function (see CONTRACT.md)."""
+
+    def __init__(self, rt: Runtime, lease: Lease, heartbeat: Heartbeat) -> None:
+        self.run_id = lease.run_id
+        self.step_id = lease.step_id
+        self.attempt = lease.attempt
+        self.epoch = lease.epoch
+        self.idempotency_key = f"{lease.run_id}:{lease.step_id}"
+        self._rt = rt
+        self._heartbeat = heartbeat
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._heartbeat.lost.is_set()
+
+    def heartbeat(self) -> None:
+        """Renew the lease now. Raises ``LeaseLost`` if another attempt has taken over:
+        a long step calling this stops early instead of working for nothing."""
+        if not self._heartbeat.beat():
+            raise LeaseLost(
+                f"step {self.step_id} of run {self.run_id} lost its lease (epoch {self.epoch})"
+            )
+
+    def record_usage(
+        self,
+        model: str | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cost: float = 0.0,
+    ) -> None:
+        """Add what this attempt spent; written at once, so a crash later keeps it."""
+        self._rt.ledger.add_usage(
+            self.run_id,
+            self.step_id,
+            self.epoch,
+            model=model,
+            input_tokens=int(input_tokens),
+            output_tokens=int(output_tokens),
+            cost=float(cost),
+        )
+
+
+class Heartbeat:
+    """Renews a lease from a background thread every third of the lease."""
+
+    def __init__(self, rt: Runtime, lease: Lease) -> None:
+        self._rt = rt
+        self._lease = lease
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"heartbeat-{lease.step_id}", daemon=True
+        )
+
+    def beat(self) -> bool:
+        if self.lost.is_set():
+            return False
+        try:
+            ok = self._rt.ledger.heartbeat(
+                self._lease.run_id,
+                self._lease.step_id,
+                self._lease.epoch,
+                self._rt.settings.lease_seconds,
+            )
+        except FleetError as exc:  # store briefly unreachable: try again next beat
+            log.warning("heartbeat for %s failed: %s", self._lease.step_id, exc)
+            return True
+        if not ok:
+            self.lost.set()
+            log.warning(
+                "step %s of run %s lost its lease (epoch %d)",
+                self._lease.step_id,
+                self._lease.run_id,
+                self._lease.epoch,
+            )
+        return ok
+
+    def _loop(self) -> None:
+        interval = self._rt.settings.lease_seconds / 3
+        while not self._stop.wait(interval):
+            if not self.beat():
+                return
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def execute(rt: Runtime, run_id: str, step_id: str) -> None:
+    """Run one attempt of a step if this delivery may; otherwise say why it drops."""
+    run = rt.queries.run(run_id)
+    step = rt.queries.step(run_id, step_id)
+    if run is None or step is None:
+        rt.ledger.incident(
+            Incident.MALFORMED_MESSAGE, run_id, step_id, detail="execute for an unknown run or step"
+        )
+        log.warning("execute for unknown step %s of run %s dropped", step_id, run_id)
+        return
+    sd = rt.registry.steps.get(step.name)
+    if sd is None:
+        rt.ledger.incident(
+            Incident.UNKNOWN_STEP,
+            run_id,
+            step_id,
+            worker=rt.worker_name,
+            detail=f"this worker has no step named {step.name!r}",
+        )
+        log.error("run %s needs step %r, which this worker does not have", run_id, step.name)
+        return
+    owner = rt.worker_name
+    lease = rt.ledger.take_lease(run_id, step_id, owner, rt.settings.lease_seconds)
+    if isinstance(lease, TakeRefused):
+        _refused(rt, run, step_id, lease, owner)
+        return
+    log.info(
+        "step %s of run %s: attempt %d, epoch %d on %s",
+        step_id,
+        run_id,
+        lease.attempt,
+        lease.epoch,
+        owner,
+    )
+    with Heartbeat(rt, lease) as hb:
+        ctx = StepContext(rt, lease, hb)
+        try:
+            call = codec.decode(lease.input)
+            output = sd.fn(ctx, *call["args"], **call["kwargs"])
+            encoded = codec.encode(
+                output, what=f"output of step {step_id}", limit=rt.settings.max_payload_bytes
+            )
+        except Exception as exc:
+            _failed(rt, run, sd, lease, exc)
+            return
+    if rt.ledger.commit_output(run_id, step_id, lease.epoch, encoded):
+        _advance_now(rt, run)
+    else:
+        log.warning(
+            "fenced: step %s of run %s finished under epoch %d after losing its lease; "
+            "its output was discarded",
+            step_id,
+            run_id,
+            lease.epoch,
+        )
+
+
+def _refused(rt: Runtime, run: Any, step_id: str, why: TakeRefused, owner: str) -> None:
+    if why is TakeRefused.EXHAUSTED:
+        step = rt.queries.step(run.id, step_id)
+        attempts = step.attempts if step else 0
+        if rt.ledger.dead_letter(
+            run.id,
+            step_id,
+            epoch=None,
+            workflow=run.workflow,
+            error_type="AttemptsExhausted",
+            error_message=f"all {attempts} attempt(s) were lost with their worker",
+            traceback=None,
+        ):
+            log.error(
+                "step %s of run %s dead-lettered: every attempt crashed its worker", step_id, run.id
+            )
+            _advance_now(rt, run)
+        return
+    if why in (TakeRefused.LEASE_LIVE, TakeRefused.ALREADY_FINISHED):
+        rt.ledger.incident(Incident.DUPLICATE_DELIVERY, run.id, step_id, worker=owner, detail=why)
+    log.info("execute %s of run %s dropped: %s", step_id, run.id, why)
+
+
+def _failed(rt: Runtime, run: Any, sd: StepDef, lease: Lease, exc: Exception) -> None:
+    error = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, LeaseLost):
+        verdict, delay = Verdict.RETRY, 0.0  # the write below is fenced anyway
+    else:
+        verdict, delay = classify(
+            exc,
+            attempt=lease.attempt,
+            policy=sd.retry,
+            non_retryable=sd.non_retryable,
+            max_attempts=sd.retry.max_attempts,
+        )
+    if verdict is Verdict.RETRY:
+        countdown = delay <= COUNTDOWN_LIMIT
+        if rt.ledger.schedule_retry(
+            run.id, lease.step_id, lease.epoch, delay, error, countdown=countdown
+        ):
+            log.info(
+                "step %s of run %s failed (%s); retry in %.2fs", lease.step_id, run.id, error, delay
+            )
+            if countdown:
+                rt.dispatcher.execute(
+                    run.id,
+                    lease.step_id,
+                    run.queue,
+                    countdown=delay,
+                    shadow=step_shadow(run.workflow, lease.step_id),
+                )
+        return
+    if rt.ledger.dead_letter(
+        run.id,
+        lease.step_id,
+        epoch=lease.epoch,
+        workflow=run.workflow,
+        error_type=type(exc).__name__,
+        error_message=str(exc),
+        traceback="".join(traceback.format_exception(exc)),
+    ):
+        kind = (
+            "non-retryable" if isinstance(exc, NonRetryable | sd.non_retryable) else "cap reached"
+        )
+        log.error("step %s of run %s dead-lettered (%s): %s", lease.step_id, run.id, kind, error)
+        _advance_now(rt, run)
+
+
+def _advance_now(rt: Runtime, run: Any) -> None:
+    """Replay the run right here rather than through another broker message: the
+    worker already holds the workflow. The wake-up was recorded with the commit, so
+    if this fails or the process dies the sweeper sends the advance instead."""
+    try:
+        advance(rt, run.id)
+    except FleetError as exc:
+        log.warning(
+            "advance of run %s after a step failed (%s); the sweeper will retry", run.id, exc
+        )

@@ -1,0 +1,274 @@
+"""The ``fleet`` command line (Typer + Rich). Exit codes: 0 success; 1 the run or
+command failed; 2 bad usage or bad input, with one line naming what was wrong."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fleet import codec
+from fleet.app import Fleet
+from fleet.errors import BadInput, FleetError, StoreUnavailable
+from fleet.loader import load_fleet
+from fleet.render import run_view, runs_table
+from fleet.states import RunStatus
+from fleet.sweeper import run_sweeper
+
+app = typer.Typer(
+    help="fleet: durable execution for long, multi-step agent runs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+console = Console()
+err = Console(stderr=True)
+
+AppOpt = Annotated[
+    str | None, typer.Option("-A", "--app", help="application module, e.g. myapp.flows")
+]
+T = TypeVar("T")
+
+
+def _guard(fn: Callable[[], T]) -> T:
+    """Run a command body, turning fleet's errors into one line and an exit code."""
+    try:
+        return fn()
+    except (BadInput, StoreUnavailable) as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except FleetError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def _fleet(target: str | None, *, schema: bool = True) -> Fleet:
+    fleet = load_fleet(target)
+    if schema:
+        fleet.ensure_schema()
+    return fleet
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(processName)s[%(process)d] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@app.command()
+def worker(
+    app_: AppOpt = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c")] = 2,
+    queues: Annotated[str | None, typer.Option("--queues", "-Q")] = None,
+    pool: Annotated[str, typer.Option(help="prefork | threads | solo | gevent")] = "threads",
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+) -> None:
+    """Start a Celery worker that advances runs and executes steps."""
+    fleet = _guard(lambda: _fleet(app_))
+    _setup_logging(loglevel)
+    argv = [
+        "worker",
+        f"--loglevel={loglevel}",
+        f"--concurrency={concurrency}",
+        f"--pool={pool}",
+        f"--queues={queues or fleet.settings.queue}",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    if fleet.settings.worker_name:
+        argv.append(f"--hostname={fleet.settings.worker_name}@%h")
+    fleet.celery.worker_main(argv)
+
+
+@app.command()
+def sweeper(
+    app_: AppOpt = None,
+    interval: Annotated[float | None, typer.Option(help="seconds between sweeps")] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+) -> None:
+    """Re-derive lost wake-ups, expired leases and due retries from the store."""
+    fleet = _guard(lambda: _fleet(app_))
+    _setup_logging(loglevel)
+    if interval is not None:
+        from dataclasses import replace
+
+        fleet.runtime.settings = replace(fleet.runtime.settings, sweep_interval=interval)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    run_sweeper(fleet.runtime, stop)
+
+
+@app.command()
+def enqueue(
+    workflow: Annotated[str, typer.Argument(help="registered workflow name")],
+    args: Annotated[list[str] | None, typer.Argument(help="arguments, each one JSON value")] = None,
+    app_: AppOpt = None,
+    run_id: Annotated[str | None, typer.Option("--run-id")] = None,
+) -> None:
+    """Start a run; prints its id. The same --run-id twice is one run."""
+
+    def body() -> str:
+        fleet = _fleet(app_)
+        values = [
+            codec.parse_json_arg(a, what=f"argument {i}") for i, a in enumerate(args or [], 1)
+        ]
+        return fleet.enqueue(workflow, *values, run_id=run_id).id
+
+    print(_guard(body))
+
+
+@app.command()
+def runs(
+    status: Annotated[str | None, typer.Option(help="only runs in this status")] = None,
+    limit: Annotated[int, typer.Option()] = 50,
+    app_: AppOpt = None,
+) -> None:
+    """A table of runs, newest first."""
+
+    def body() -> None:
+        if status is not None and status not in {s.value for s in RunStatus}:
+            raise BadInput(f"unknown status {status!r} (one of: {', '.join(RunStatus)})")
+        q = _fleet(app_).runtime.queries
+        rows = q.runs(status, limit)
+        console.print(runs_table(rows, {r.id: q.usage(r.id) for r in rows}))
+
+    _guard(body)
+
+
+@app.command()
+def status(
+    run_id: str, app_: AppOpt = None, json_: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """A run and its steps: status, attempts, epochs, workers, spend."""
+
+    def body() -> int:
+        fleet = _fleet(app_)
+        q = fleet.runtime.queries
+        run = fleet.run(run_id)._row()
+        steps, attempts = q.steps(run_id), q.attempts(run_id)
+        if json_:
+            print(
+                json.dumps(
+                    {
+                        "id": run.id,
+                        "workflow": run.workflow,
+                        "version": run.version,
+                        "status": run.status,
+                        "result": codec.decode(run.result),
+                        "error": run.error,
+                        "usage": q.usage(run_id),
+                        "steps": [
+                            {
+                                "id": s.step_id,
+                                "status": s.status,
+                                "attempts": s.attempts,
+                                "epoch": s.epoch,
+                                "error": s.error,
+                            }
+                            for s in steps
+                            if s.kind == "task"
+                        ],
+                    }
+                )
+            )
+        else:
+            console.print(
+                run_view(run, steps, attempts, q.usage(run_id), q.incident_counts(run_id))
+            )
+        return 1 if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else 0
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def watch(
+    run_id: str,
+    app_: AppOpt = None,
+    timeout: Annotated[float | None, typer.Option(help="give up after seconds")] = None,
+) -> None:
+    """A live progress bar of steps done over steps recorded, until the run ends."""
+
+    def body() -> int:
+        fleet = _fleet(app_)
+        handle = fleet.run(run_id)
+        return follow(fleet, handle.id, timeout)
+
+    raise typer.Exit(_guard(body))
+
+
+def follow(fleet: Fleet, run_id: str, timeout: float | None = None) -> int:
+    """Show progress until the run ends; 0 if it succeeded, 1 otherwise."""
+    q = fleet.runtime.queries
+    deadline = None if timeout is None else time.monotonic() + timeout
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[state]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task(run_id, total=None, state="")
+        while True:
+            run = fleet.run(run_id)._row()
+            steps = [s for s in q.steps(run_id) if s.kind == "task"]
+            done = sum(1 for s in steps if s.status in ("done", "dead"))
+            running = [s.step_id for s in steps if s.status == "running"]
+            progress.update(
+                bar,
+                total=max(len(steps), 1),
+                completed=done,
+                state=f"{run.status} {' '.join(running)}".strip(),
+            )
+            if RunStatus(run.status).finished:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                err.print(f"run {run_id} still {run.status} after {timeout}s")
+                return 1
+            time.sleep(0.2)
+    if run.status == RunStatus.SUCCEEDED:
+        console.print(f"[green]succeeded[/green]: {_clip(run.result or '', 500)}")
+        return 0
+    console.print(
+        f"[red]{run.status}[/red]: {(run.error or '').splitlines()[0] if run.error else ''}"
+    )
+    return 1
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+@db_app.command("upgrade")
+def db_upgrade(app_: AppOpt = None) -> None:
+    """Create or migrate the schema to the newest revision."""
+
+    def body() -> None:
+        fleet = _fleet(app_, schema=False)
+        fleet.upgrade_schema()
+        console.print("schema is up to date")
+
+    _guard(body)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    return app(args=argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""One typed settings object, built once from the environment at the edge."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fleet.errors import BadInput
+
+DEFAULT_HOME = ".fleet"
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadInput(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise BadInput(f"{name}={raw!r} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything fleet reads from the environment, in one place.
+
+    ``database_url`` and ``broker_url`` default to the embedded store: a SQLite file
+    and Celery's filesystem transport under ``home`` (``.fleet/``).
+    """
+
+    database_url: str = f"sqlite:///{DEFAULT_HOME}/fleet.db"
+    broker_url: str = f"filesystem:///{DEFAULT_HOME}/broker"
+    lease_seconds: float = 30.0
+    sweep_interval: float = 1.0
+    # How long a dispatched wake-up may stay unanswered before the sweeper sends it again.
+    sweep_grace: float = 5.0
+    max_payload_bytes: int = 256 * 1024
+    queue: str = "fleet"
+    worker_name: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if env is None else env
+        settings = cls(
+            database_url=env.get("FLEET_DATABASE_URL") or cls.database_url,
+            broker_url=env.get("FLEET_BROKER_URL") or cls.broker_url,
+            lease_seconds=_float(env, "FLEET_LEASE_SECONDS", cls.lease_seconds),
+            sweep_interval=_float(env, "FLEET_SWEEP_INTERVAL", cls.sweep_interval),
+            sweep_grace=_float(env, "FLEET_SWEEP_GRACE", cls.sweep_grace),
+            max_payload_bytes=int(_float(env, "FLEET_MAX_PAYLOAD_BYTES", cls.max_payload_bytes)),
+            queue=env.get("FLEET_QUEUE") or cls.queue,
+            worker_name=env.get("FLEET_WORKER_NAME", ""),
+        )
+        return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def broker_folder(self) -> Path | None:
+        """The folder of the filesystem transport, or None for a network broker."""
+        if not self.broker_url.startswith("filesystem://"):
+            return None
+        path = self.broker_url[len("filesystem://") :]
+        # Like sqlite URLs: filesystem:///.fleet/broker is relative to the working
+        # directory, filesystem:////var/fleet/broker is absolute.
+        if path.startswith("//"):
+            return Path(path[1:])
+        return Path(path.lstrip("/") or f"{DEFAULT_HOME}/broker")
+
+    @property
+    def visibility_timeout(self) -> float:
+        # Far above the lease: redelivery by the broker is a slow backstop; the sweeper,
+        # reading leases from the store, is what recovers a lost step quickly.
+        return max(3600.0, self.lease_seconds * 20)

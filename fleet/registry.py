@@ -1,0 +1,87 @@
+"""Workflow and step definitions, and the registry a Fleet keeps of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.errors import BadInput, UnknownWorkflow
+from fleet.policy import RetryPolicy
+
+MAX_NAME = 200
+
+
+@dataclass(eq=False)
+class StepDef:
+    """A registered step. Call it through ``wf.step(...)`` inside a workflow."""
+
+    name: str
+    fn: Callable[..., Any]
+    retry: RetryPolicy
+    non_retryable: tuple[type[BaseException], ...] = ()
+    effect: bool = False
+    idempotent: bool = False
+    reconcile_fn: Callable[..., Any] | None = None
+
+    def reconcile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Register the function that asks the world whether an in-doubt effect happened."""
+        self.reconcile_fn = fn
+        return fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"step {self.name!r} is durable: call it as wf.step({self.name}, ...) inside a workflow"
+        )
+
+
+@dataclass(eq=False)
+class WorkflowDef:
+    name: str
+    fn: Callable[..., Any]
+    version: str
+    pins: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"workflow {self.name!r} runs durably: start it with fleet.enqueue(...)")
+
+
+def check_name(name: str, what: str) -> str:
+    if not name or len(name) > MAX_NAME or "#" in name:
+        raise BadInput(f"{what} name {name!r} must be 1-{MAX_NAME} characters without '#'")
+    return name
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.steps: dict[str, StepDef] = {}
+        self.workflows: dict[str, WorkflowDef] = {}
+
+    def add_step(self, step: StepDef) -> StepDef:
+        check_name(step.name, "step")
+        if step.name in self.steps and self.steps[step.name].fn is not step.fn:
+            raise BadInput(f"two steps are named {step.name!r}; give one an explicit name=")
+        self.steps[step.name] = step
+        return step
+
+    def add_workflow(self, wf: WorkflowDef) -> WorkflowDef:
+        check_name(wf.name, "workflow")
+        if wf.name in self.workflows and self.workflows[wf.name].fn is not wf.fn:
+            raise BadInput(f"two workflows are named {wf.name!r}; give one an explicit name=")
+        self.workflows[wf.name] = wf
+        return wf
+
+    def workflow(self, ref: str | WorkflowDef) -> WorkflowDef:
+        name = ref.name if isinstance(ref, WorkflowDef) else ref
+        try:
+            return self.workflows[name]
+        except KeyError:
+            known = ", ".join(sorted(self.workflows)) or "none"
+            raise UnknownWorkflow(f"unknown workflow {name!r} (registered: {known})") from None
+
+    def step(self, ref: str | StepDef) -> StepDef:
+        name = ref.name if isinstance(ref, StepDef) else ref
+        try:
+            return self.steps[name]
+        except KeyError:
+            raise BadInput(f"unknown step {name!r}: decorate it with @fleet.step") from None

@@ -1,0 +1,116 @@
+"""Rich views of runs and steps, shared by the CLI and the demo."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {
+    "succeeded": "green",
+    "done": "green",
+    "running": "cyan",
+    "queued": "white",
+    "pending": "white",
+    "waiting": "yellow",
+    "retry_wait": "yellow",
+    "needs_decision": "magenta",
+    "failed": "red",
+    "dead": "red",
+    "cancelled": "dim",
+}
+
+
+def status_text(status: str) -> Text:
+    return Text(status, style=STATUS_STYLE.get(status, ""))
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    if ts is None:
+        return "-"
+    seconds = max(0.0, (now or time.time()) - ts)
+    if seconds < 90:
+        return f"{seconds:.0f}s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def spend(usage: dict[str, Any]) -> str:
+    return f"{usage['tokens']:,} tok ${usage['cost']:.4f}"
+
+
+def runs_table(rows: Sequence[Any], usage: dict[str, dict[str, Any]]) -> Table:
+    table = Table(title="runs")
+    for col in ("run", "workflow", "version", "status", "steps", "spend", "created"):
+        table.add_column(col)
+    for r in rows:
+        u = usage.get(r.id)
+        table.add_row(
+            r.id,
+            r.workflow,
+            r.version,
+            status_text(r.status),
+            str(getattr(r, "step_count", "")),
+            spend(u) if u else "-",
+            ago(r.created_at),
+        )
+    return table
+
+
+def run_view(
+    run: Any,
+    steps: Sequence[Any],
+    attempts: Sequence[Any],
+    usage: dict[str, Any],
+    incidents: dict[str, int],
+) -> Group:
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("run", run.id)
+    head.add_row("workflow", f"{run.workflow} (version {run.version})")
+    head.add_row("status", status_text(run.status))
+    head.add_row("spend", f"{spend(usage)} in {usage['calls']} model call(s)")
+    if incidents:
+        head.add_row("incidents", ", ".join(f"{k}: {v}" for k, v in sorted(incidents.items())))
+    if run.result is not None:
+        head.add_row("result", Text(_clip(run.result, 300)))
+    if run.error:
+        head.add_row("error", Text(run.error.splitlines()[0] if run.error else "", style="red"))
+    return Group(head, steps_table(steps, attempts))
+
+
+def steps_table(steps: Sequence[Any], attempts: Sequence[Any]) -> Table:
+    by_step: dict[str, list[Any]] = defaultdict(list)
+    for a in attempts:
+        by_step[a.step_id].append(a)
+    table = Table(title="steps")
+    for col in ("step", "status", "attempts", "epoch", "workers", "spend", "error"):
+        table.add_column(col)
+    for s in steps:
+        if s.kind != "task":
+            continue
+        atts = by_step.get(s.step_id, [])
+        tokens = sum(a.input_tokens + a.output_tokens for a in atts)
+        cost = sum(a.cost for a in atts)
+        workers = ", ".join(f"{a.worker} ({a.outcome})" for a in atts) or "-"
+        table.add_row(
+            s.step_id,
+            status_text(s.status),
+            str(s.attempts),
+            str(s.epoch),
+            workers,
+            f"{tokens:,} tok ${cost:.4f}" if atts else "-",
+            _clip(s.error or "", 60),
+        )
+    return table
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"

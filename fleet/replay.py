@@ -1,0 +1,271 @@
+"""Replaying a workflow over its recorded checkpoints (the ``advance`` of a run).
+
+The workflow function runs from the top on every advance. A step already recorded
+as done returns its recorded output at once; the first step not yet done stops the
+replay (``_Suspend``), after recording and dispatching it if it is new. So a run
+resumes at its first unfinished step, whichever worker replays it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from sqlalchemy.engine import Row
+
+from fleet import codec
+from fleet.errors import FleetError, NonDeterminism, PayloadError, StepFailed
+from fleet.registry import StepDef
+from fleet.runtime import Runtime
+from fleet.states import Incident, RunStatus, StepKind, StepStatus
+from fleet.store.ledger import NewStep
+
+log = logging.getLogger("fleet.replay")
+
+MAX_STEP_ID = 300
+
+
+class _Suspend(BaseException):
+    """Stops a replay at the first unfinished step.
+
+    A BaseException so that a workflow's own ``except Exception`` cannot swallow it;
+    the replay driver is its only catcher. Unwinding is how a replay that must wait
+    leaves the workflow function without running any code past that point.
+    """
+
+
+def step_shadow(workflow: str, step_id: str) -> str:
+    """The name a step task shows in Flower and logs: ``research.answer#3``."""
+    return f"{workflow}.{step_id}"
+
+
+class WorkflowContext:
+    """The first argument of a workflow function (see CONTRACT.md)."""
+
+    def __init__(self, rt: Runtime, run: Row[Any], history: Sequence[Row[Any]]) -> None:
+        self.run_id: str = run.id
+        self.pins: dict[str, Any] = codec.decode(run.pins) or {}
+        self._rt = rt
+        self._workflow: str = run.workflow
+        self._queue: str = run.queue
+        self._history = history
+        self._pos = 0
+        self._counts: dict[str, int] = {}
+        self._seen: set[str] = set()
+        self.to_dispatch: list[str] = []
+
+    # --- the public surface -----------------------------------------------------
+
+    def step(self, fn: StepDef | str, *args: Any, key: str | None = None, **kwargs: Any) -> Any:
+        """Run ``fn`` durably once; on replay return its recorded output."""
+        sd = self._rt.registry.step(fn)
+        step_id = self._next_id(sd.name, key)
+        rec = self._expect(step_id, sd.name)
+        if rec is None:
+            self._record([self._new_task(sd, step_id, args, kwargs)])
+            raise _Suspend
+        return self._outcome(rec)
+
+    def map(
+        self,
+        fn: StepDef | str,
+        items: Iterable[Any],
+        key: str | Callable[[Any], str] | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """One step per item, run in parallel; results in order.
+
+        ``key`` names the items: a prefix (``key#1``, ``key#2``…) or a function of the item.
+        With ``return_exceptions`` a dead item stands in the list as its ``StepFailed``.
+        """
+        sd = self._rt.registry.step(fn)
+        items = list(items)
+        ids = []
+        for item in items:
+            item_key = key(item) if callable(key) else None
+            prefix = key if isinstance(key, str) else sd.name
+            ids.append(item_key if item_key is not None else self._positional(prefix))
+        recs = [self._expect(step_id, sd.name) for step_id in ids]
+        new = [
+            self._new_task(sd, step_id, (item,), {})
+            for step_id, item, rec in zip(ids, items, recs, strict=True)
+            if rec is None
+        ]
+        if new:
+            self._record(new)
+            raise _Suspend
+        results: list[Any] = []
+        for rec in recs:
+            assert rec is not None
+            try:
+                results.append(self._outcome(rec))
+            except StepFailed as exc:
+                if not return_exceptions:
+                    raise
+                results.append(exc)
+        return results
+
+    def now(self) -> float:
+        """The wall-clock time, recorded: replays see the first value."""
+        return float(self._value("now", time.time))
+
+    def random(self) -> float:
+        """A random float in [0, 1), recorded: replays see the first value."""
+        return float(self._value("random", random.random))
+
+    # --- replay mechanics -------------------------------------------------------
+
+    def _positional(self, name: str) -> str:
+        n = self._counts.get(name, 0) + 1
+        self._counts[name] = n
+        return f"{name}#{n}"
+
+    def _next_id(self, name: str, key: str | None) -> str:
+        return self._positional(name) if key is None else str(key)
+
+    def _expect(self, step_id: str, name: str) -> Row[Any] | None:
+        """The recorded step at this position, checked against what the replay asks for."""
+        if not step_id or len(step_id) > MAX_STEP_ID:
+            raise NonDeterminism(f"step id {step_id!r} must be 1-{MAX_STEP_ID} characters")
+        if step_id in self._seen:
+            raise NonDeterminism(
+                f"non-determinism in run {self.run_id}: step id {step_id!r} is used twice; "
+                "give each call its own key"
+            )
+        self._seen.add(step_id)
+        pos = self._pos
+        self._pos += 1
+        if pos >= len(self._history):
+            return None
+        rec = self._history[pos]
+        if rec.step_id != step_id or rec.name != name:
+            raise NonDeterminism(
+                f"non-determinism in run {self.run_id}: at position {pos + 1} the replay asked "
+                f"for step {step_id!r} ({name}) but the history has {rec.step_id!r} ({rec.name})"
+            )
+        return rec
+
+    def _new_task(
+        self, sd: StepDef, step_id: str, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> NewStep:
+        payload = codec.encode(
+            {"args": list(args), "kwargs": kwargs},
+            what=f"input of step {step_id}",
+            limit=self._rt.settings.max_payload_bytes,
+        )
+        return NewStep(step_id, -1, sd.name, StepKind.TASK, payload, sd.retry.max_attempts)
+
+    def _record(self, new: list[NewStep]) -> None:
+        """Record steps the replay reached past the end of the history. ``_expect``
+        reserved their positions in call order, so they are the last ``len(new)``."""
+        start = self._pos - len(new)
+        positioned = [
+            NewStep(s.step_id, start + i, s.name, s.kind, s.input, s.max_attempts, s.output)
+            for i, s in enumerate(new)
+        ]
+        self._rt.ledger.record_steps(self.run_id, positioned)
+        self.to_dispatch.extend(s.step_id for s in positioned if s.kind == StepKind.TASK)
+
+    def _outcome(self, rec: Row[Any]) -> Any:
+        status = StepStatus(rec.status)
+        if status == StepStatus.DONE:
+            return codec.decode(rec.output)
+        if status == StepStatus.DEAD:
+            raise StepFailed(rec.step_id, rec.error or "dead-lettered", rec.attempts)
+        raise _Suspend
+
+    def _value(self, name: str, make: Callable[[], Any]) -> Any:
+        step_id = self._positional(name)
+        rec = self._expect(step_id, name)
+        if rec is not None:
+            return codec.decode(rec.output)
+        output = codec.encode(make(), what=step_id, limit=1024)
+        self._record([NewStep(step_id, -1, name, StepKind.VALUE, "{}", 1, output)])
+        # A concurrent replay may have recorded its own value first: use the stored one.
+        stored = self._rt.queries.step(self.run_id, step_id)
+        assert stored is not None
+        self._history = [*self._history, stored]
+        return codec.decode(stored.output)
+
+
+def advance(rt: Runtime, run_id: str) -> None:
+    """Replay the run and act on where it stands: record and dispatch the next step(s),
+    or finish the run. Safe to run concurrently and repeatedly for the same run."""
+    run = rt.queries.run(run_id)
+    if run is None:
+        rt.ledger.incident(
+            Incident.MALFORMED_MESSAGE, None, detail=f"advance of unknown run {run_id!r}"
+        )
+        log.warning("advance for unknown run %r dropped", run_id)
+        return
+    status = RunStatus(run.status)
+    if status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+        return
+    wf = rt.registry.workflows.get(run.workflow)
+    if wf is None or wf.version != run.version:
+        have = f"version {wf.version}" if wf else "no such workflow"
+        log.warning(
+            "run %s needs workflow %s version %s; this worker has %s: left for another worker",
+            run_id,
+            run.workflow,
+            run.version,
+            have,
+        )
+        return
+    if status == RunStatus.QUEUED:
+        rt.ledger.start_run(run_id)
+    history = rt.queries.steps(run_id)
+    ctx = WorkflowContext(rt, run, history)
+    call = codec.decode(run.args)
+    try:
+        try:
+            result = wf.fn(ctx, *call["args"], **call["kwargs"])
+        finally:
+            # Dispatch what was recorded, whether the replay suspended or not.
+            for step_id in ctx.to_dispatch:
+                rt.dispatcher.execute(
+                    run_id, step_id, run.queue, shadow=step_shadow(run.workflow, step_id)
+                )
+        if ctx._pos < len(ctx._history):
+            raise NonDeterminism(
+                f"non-determinism in run {run_id}: the workflow returned after {ctx._pos} steps "
+                f"but the history has {len(ctx._history)} (next recorded: "
+                f"{ctx._history[ctx._pos].step_id!r})"
+            )
+        encoded = codec.encode(
+            result, what=f"result of run {run_id}", limit=rt.settings.max_payload_bytes
+        )
+    except _Suspend:
+        rt.ledger.mark_advanced(run_id, run.wake_seq)
+        return
+    except NonDeterminism as exc:
+        rt.ledger.incident(Incident.NONDETERMINISM, run_id, detail=str(exc))
+        log.error("%s", exc)
+        _fail(rt, run_id, f"NonDeterminism: {exc}")
+    except StepFailed as exc:
+        _fail(rt, run_id, f"StepFailed: {exc}")
+    except PayloadError as exc:
+        _fail(rt, run_id, f"PayloadError: {exc}")
+    except FleetError:
+        raise  # the store is unreachable: the sweeper will advance the run again
+    except Exception as exc:
+        _fail(
+            rt,
+            run_id,
+            "".join(traceback.format_exception_only(exc)).strip(),
+            tb=traceback.format_exc(),
+        )
+    else:
+        rt.ledger.finish_run(run_id, RunStatus.SUCCEEDED, result=encoded)
+    rt.ledger.mark_advanced(run_id, run.wake_seq)
+
+
+def _fail(rt: Runtime, run_id: str, error: str, tb: str | None = None) -> None:
+    log.info("run %s failed: %s", run_id, error)
+    rt.ledger.finish_run(
+        run_id, RunStatus.FAILED, error=error if tb is None else f"{error}\n\n{tb}"
+    )

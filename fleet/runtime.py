@@ -1,0 +1,30 @@
+"""What the engine's parts share in one process: settings, store, registry, broker."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from fleet.config import Settings
+from fleet.dispatch import Dispatcher
+from fleet.registry import Registry
+from fleet.store.engine import Database
+from fleet.store.ledger import Ledger
+from fleet.store.queries import Queries
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    db: Database
+    ledger: Ledger
+    queries: Queries
+    registry: Registry
+    dispatcher: Dispatcher
+
+    @property
+    def worker_name(self) -> str:
+        # Per process: Celery's prefork children each hold their own leases.
+        base = self.settings.worker_name or socket.gethostname()
+        return f"{base}:{os.getpid()}"

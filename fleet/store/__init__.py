@@ -1,0 +1,1 @@
+"""The store: schema, connection, the one writer (``ledger``) and the readers (``queries``)."""

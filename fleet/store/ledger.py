@@ -1,0 +1,654 @@
+"""The one writer. Every state change in fleet is a method here, and each is one
+conditional statement (``UPDATE … WHERE status = :expected AND epoch = :held``, or an
+insert that is a no-op on conflict) whose zero-rows case is handled and named.
+
+Derived writes that must not be lost if the process dies right after the
+transition (the attempt log, a run's wake-up counter, a dead letter) share its
+transaction, so the store never holds half a transition.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import and_, exists, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from fleet.states import AttemptOutcome, Incident, RunStatus, StepKind, StepStatus
+from fleet.store.engine import Database, db_now
+from fleet.store.schema import attempts, dead_letters, incidents, runs, steps
+
+log = logging.getLogger("fleet.ledger")
+
+
+def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> int:
+    """Insert rows, skipping any whose primary or unique key already exists."""
+    if not rows:
+        return 0
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    # One multi-row VALUES statement: values may be SQL expressions (the db clock).
+    stmt = dialect.insert(table).values(list(rows)).on_conflict_do_nothing()
+    return conn.execute(stmt).rowcount
+
+
+# A step whose lease may be taken now: never run, due for retry, or abandoned.
+def _takeable(now: Any) -> Any:
+    return or_(
+        steps.c.status == StepStatus.PENDING,
+        and_(steps.c.status == StepStatus.RETRY_WAIT, steps.c.due_at <= now),
+        and_(steps.c.status == StepStatus.RUNNING, steps.c.lease_expires_at < now),
+    )
+
+
+def _run_is(run_id: Any, *statuses: RunStatus) -> Any:
+    return exists().where(runs.c.id == run_id, runs.c.status.in_(list(statuses)))
+
+
+def _step(run_id: str, step_id: str) -> Any:
+    return and_(steps.c.run_id == run_id, steps.c.step_id == step_id)
+
+
+def _held(run_id: str, step_id: str, epoch: int) -> Any:
+    """The fence: the step is still running under the epoch this writer holds."""
+    return and_(
+        _step(run_id, step_id), steps.c.status == StepStatus.RUNNING, steps.c.epoch == epoch
+    )
+
+
+def _wake(conn: Connection, run_id: str, grace: float) -> None:
+    """Note that the run needs replaying; the sweeper re-sends if the advance is lost."""
+    now = db_now()
+    conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id)
+        .values(
+            wake_seq=runs.c.wake_seq + 1,
+            updated_at=now,
+            redispatch_at=now + grace,
+            dispatches=0,
+        )
+    )
+
+
+class TakeRefused(StrEnum):
+    """Why a lease was not taken: the zero-rows cases of ``take_lease``, named."""
+
+    UNKNOWN_STEP = "unknown_step"  # malformed or stale message
+    ALREADY_FINISHED = "already_finished"  # duplicate delivery of a done/dead step
+    LEASE_LIVE = "lease_live"  # duplicate delivery while another attempt runs
+    NOT_DUE = "not_due"  # a retry woken early; the sweeper sends it when due
+    RUN_NOT_LIVE = "run_not_live"  # the run was cancelled or has finished
+    EXHAUSTED = "exhausted"  # the attempt cap was spent by crashed attempts
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    step_id: str
+    epoch: int
+    attempt: int
+    name: str
+    input: str
+    took_over: bool
+
+
+@dataclass(frozen=True)
+class NewStep:
+    step_id: str
+    seq: int
+    name: str
+    kind: StepKind
+    input: str
+    max_attempts: int
+    output: str | None = None
+
+
+class Ledger:
+    """Every write to the store. Methods return whether their transition applied."""
+
+    def __init__(self, db: Database, grace: float = 5.0) -> None:
+        self.db = db
+        self.grace = grace
+
+    # --- runs -----------------------------------------------------------------
+
+    def create_run(
+        self, run_id: str, workflow: str, version: str, pins: str, args: str, queue: str
+    ) -> bool:
+        """Insert a queued run; False when ``run_id`` exists already (enqueue is idempotent)."""
+        now = db_now()
+        with self.db.begin() as conn:
+            stmt = (
+                (postgresql if conn.dialect.name == "postgresql" else sqlite)
+                .insert(runs)
+                .values(
+                    id=run_id,
+                    workflow=workflow,
+                    version=version,
+                    pins=pins,
+                    args=args,
+                    queue=queue,
+                    status=RunStatus.QUEUED,
+                    wake_seq=1,
+                    advanced_seq=0,
+                    dispatches=0,
+                    redispatch_at=now + self.grace,
+                    created_at=now,
+                    updated_at=now,
+                )
+                .on_conflict_do_nothing()
+                .returning(runs.c.id)
+            )
+            # RETURNING, not rowcount: drivers disagree on rowcount for a skipped insert.
+            return conn.execute(stmt).first() is not None
+
+    def start_run(self, run_id: str) -> bool:
+        """queued → running. False: another advance started it first (harmless)."""
+        with self.db.begin() as conn:
+            return (
+                conn.execute(
+                    update(runs)
+                    .where(runs.c.id == run_id, runs.c.status == RunStatus.QUEUED)
+                    .values(status=RunStatus.RUNNING, updated_at=db_now())
+                ).rowcount
+                == 1
+            )
+
+    def finish_run(
+        self, run_id: str, status: RunStatus, *, result: str | None = None, error: str | None = None
+    ) -> bool:
+        """running → succeeded | failed. False: a concurrent advance finished it first,
+        or it was cancelled meanwhile (both mean: nothing to do)."""
+        assert status in (RunStatus.SUCCEEDED, RunStatus.FAILED)
+        with self.db.begin() as conn:
+            return (
+                conn.execute(
+                    update(runs)
+                    .where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING)
+                    .values(
+                        status=status,
+                        result=result,
+                        error=error,
+                        finished_at=db_now(),
+                        updated_at=db_now(),
+                    )
+                ).rowcount
+                == 1
+            )
+
+    def cancel_run(self, run_id: str, reason: str) -> bool:
+        """Any live state → cancelled. No step of a cancelled run can take a lease
+        (``take_lease`` checks the run), and no advance replays it."""
+        with self.db.begin() as conn:
+            return (
+                conn.execute(
+                    update(runs)
+                    .where(
+                        runs.c.id == run_id,
+                        runs.c.status.in_(
+                            [
+                                RunStatus.QUEUED,
+                                RunStatus.RUNNING,
+                                RunStatus.WAITING,
+                                RunStatus.NEEDS_DECISION,
+                            ]
+                        ),
+                    )
+                    .values(
+                        status=RunStatus.CANCELLED,
+                        error=f"cancelled: {reason}",
+                        finished_at=db_now(),
+                        updated_at=db_now(),
+                    )
+                ).rowcount
+                == 1
+            )
+
+    def mark_advanced(self, run_id: str, seq: int) -> None:
+        """Record that a replay has seen every wake-up up to ``seq``. Zero rows: a later
+        advance already recorded more (monotonic, so nothing is lost)."""
+        with self.db.begin() as conn:
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.advanced_seq < seq)
+                .values(advanced_seq=seq)
+            )
+
+    # --- steps: recorded by replay --------------------------------------------
+
+    def record_steps(self, run_id: str, new: Sequence[NewStep]) -> None:
+        """Insert steps the replay reached; a no-op for any a concurrent replay inserted.
+        Step ids and positions are deterministic, so both replays insert the same rows."""
+        now = db_now()
+        rows = [
+            {
+                "run_id": run_id,
+                "step_id": s.step_id,
+                "seq": s.seq,
+                "name": s.name,
+                "kind": s.kind,
+                "input": s.input,
+                "status": StepStatus.DONE if s.kind == StepKind.VALUE else StepStatus.PENDING,
+                "output": s.output,
+                "attempts": 0,
+                "max_attempts": s.max_attempts,
+                "epoch": 0,
+                "dispatches": 0,
+                "created_at": now,
+                # The advance sends the wake-up itself; the sweeper steps in after grace.
+                "redispatch_at": now + self.grace,
+                "finished_at": now if s.kind == StepKind.VALUE else None,
+            }
+            for s in new
+        ]
+        with self.db.begin() as conn:
+            _insert_ignore(conn, steps, rows)
+
+    # --- steps: one attempt ---------------------------------------------------
+
+    def take_lease(
+        self, run_id: str, step_id: str, owner: str, lease_seconds: float
+    ) -> Lease | TakeRefused:
+        """pending | due retry | expired running → running, epoch+1 and attempts+1 in one
+        write, only while the run is live and the attempt cap is not spent."""
+        now = db_now()
+        with self.db.begin() as conn:
+            row = conn.execute(
+                update(steps)
+                .where(
+                    _step(run_id, step_id),
+                    steps.c.kind == StepKind.TASK,
+                    steps.c.attempts < steps.c.max_attempts,
+                    _takeable(now),
+                    _run_is(run_id, RunStatus.RUNNING),
+                )
+                .values(
+                    status=StepStatus.RUNNING,
+                    epoch=steps.c.epoch + 1,
+                    attempts=steps.c.attempts + 1,
+                    lease_owner=owner,
+                    lease_expires_at=now + lease_seconds,
+                    due_at=None,
+                    # An expired lease is the sweeper's cue; no other re-send is needed.
+                    redispatch_at=None,
+                    dispatches=0,
+                )
+                .returning(steps.c.epoch, steps.c.attempts, steps.c.name, steps.c.input)
+            ).first()
+            if row is None:
+                return self._why_not_taken(conn, run_id, step_id)
+            epoch, attempt, name, input_ = row
+            # The attempt that held the previous epoch, if it never reported, was lost.
+            took_over = (
+                conn.execute(
+                    update(attempts)
+                    .where(
+                        attempts.c.run_id == run_id,
+                        attempts.c.step_id == step_id,
+                        attempts.c.outcome == AttemptOutcome.RUNNING,
+                    )
+                    .values(outcome=AttemptOutcome.LOST, finished_at=now)
+                ).rowcount
+                > 0
+            )
+            conn.execute(
+                insert(attempts).values(
+                    run_id=run_id,
+                    step_id=step_id,
+                    epoch=epoch,
+                    attempt=attempt,
+                    worker=owner,
+                    outcome=AttemptOutcome.RUNNING,
+                    started_at=now,
+                    calls=0,
+                    input_tokens=0,
+                    output_tokens=0,
+                    cost=0.0,
+                )
+            )
+            if took_over:
+                self._incident(conn, Incident.TAKEOVER, run_id, step_id, epoch, owner)
+            return Lease(run_id, step_id, epoch, attempt, name, input_, took_over)
+
+    def _why_not_taken(self, conn: Connection, run_id: str, step_id: str) -> TakeRefused:
+        now = db_now()
+        row = conn.execute(
+            select(
+                steps.c.status,
+                steps.c.attempts,
+                steps.c.max_attempts,
+                _takeable(now).label("takeable"),
+                _run_is(run_id, RunStatus.RUNNING).label("run_live"),
+            ).where(_step(run_id, step_id))
+        ).first()
+        if row is None:
+            return TakeRefused.UNKNOWN_STEP
+        if StepStatus(row.status).finished:
+            return TakeRefused.ALREADY_FINISHED
+        if not row.run_live:
+            return TakeRefused.RUN_NOT_LIVE
+        if row.takeable and row.attempts >= row.max_attempts:
+            return TakeRefused.EXHAUSTED
+        if row.status == StepStatus.RUNNING:
+            return TakeRefused.LEASE_LIVE
+        return TakeRefused.NOT_DUE
+
+    def heartbeat(self, run_id: str, step_id: str, epoch: int, lease_seconds: float) -> bool:
+        """Extend a held lease. False: the lease was lost (taken over or revoked)."""
+        with self.db.begin() as conn:
+            return (
+                conn.execute(
+                    update(steps)
+                    .where(_held(run_id, step_id, epoch))
+                    .values(lease_expires_at=db_now() + lease_seconds)
+                ).rowcount
+                == 1
+            )
+
+    def commit_output(self, run_id: str, step_id: str, epoch: int, output: str) -> bool:
+        """running → done, only under the epoch held. False is a fenced write: the lease
+        was taken over (or revoked) since this attempt took it. Counted, never applied."""
+        now = db_now()
+        with self.db.begin() as conn:
+            applied = (
+                conn.execute(
+                    update(steps)
+                    .where(_held(run_id, step_id, epoch))
+                    .values(
+                        status=StepStatus.DONE,
+                        output=output,
+                        error=None,
+                        lease_owner=None,
+                        lease_expires_at=None,
+                        redispatch_at=None,
+                        finished_at=now,
+                    )
+                ).rowcount
+                == 1
+            )
+            self._close_attempt(
+                conn,
+                run_id,
+                step_id,
+                epoch,
+                AttemptOutcome.DONE if applied else AttemptOutcome.FENCED,
+            )
+            if applied:
+                _wake(conn, run_id, self.grace)
+            else:
+                self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
+            return applied
+
+    def schedule_retry(
+        self, run_id: str, step_id: str, epoch: int, delay: float, error: str, *, countdown: bool
+    ) -> bool:
+        """running → retry_wait with its due time in the store. False: fenced.
+        With ``countdown`` the caller sends a delayed message itself, so the sweeper
+        waits one grace period past the due time before it re-sends."""
+        now = db_now()
+        due = now + delay
+        with self.db.begin() as conn:
+            applied = (
+                conn.execute(
+                    update(steps)
+                    .where(_held(run_id, step_id, epoch))
+                    .values(
+                        status=StepStatus.RETRY_WAIT,
+                        due_at=due,
+                        error=error,
+                        lease_owner=None,
+                        lease_expires_at=None,
+                        redispatch_at=due + self.grace if countdown else due,
+                        dispatches=0,
+                    )
+                ).rowcount
+                == 1
+            )
+            self._close_attempt(
+                conn,
+                run_id,
+                step_id,
+                epoch,
+                AttemptOutcome.FAILED if applied else AttemptOutcome.FENCED,
+                error,
+            )
+            if not applied:
+                self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
+            return applied
+
+    def dead_letter(
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        epoch: int | None,
+        workflow: str,
+        error_type: str,
+        error_message: str,
+        traceback: str | None,
+    ) -> bool:
+        """running → dead (``epoch`` held), or, with ``epoch=None``, a step whose cap was
+        spent by attempts that crashed: pending | due retry | expired running → dead.
+        The dead letter and the run's wake-up commit with it. False: fenced / raced."""
+        now = db_now()
+        if epoch is None:
+            guard = and_(
+                _step(run_id, step_id),
+                steps.c.attempts >= steps.c.max_attempts,
+                _takeable(now),
+                _run_is(run_id, RunStatus.RUNNING),
+            )
+        else:
+            guard = _held(run_id, step_id, epoch)
+        error = f"{error_type}: {error_message}"
+        with self.db.begin() as conn:
+            row = conn.execute(
+                update(steps)
+                .where(guard)
+                .values(
+                    status=StepStatus.DEAD,
+                    error=error,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    redispatch_at=None,
+                    due_at=None,
+                    finished_at=now,
+                )
+                .returning(steps.c.name, steps.c.input, steps.c.attempts, steps.c.created_at)
+            ).first()
+            if epoch is not None:
+                self._close_attempt(
+                    conn,
+                    run_id,
+                    step_id,
+                    epoch,
+                    AttemptOutcome.FAILED if row else AttemptOutcome.FENCED,
+                    error,
+                )
+            if row is None:
+                if epoch is not None:
+                    self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
+                return False
+            first_failed = conn.execute(
+                select(attempts.c.finished_at)
+                .where(
+                    attempts.c.run_id == run_id,
+                    attempts.c.step_id == step_id,
+                    attempts.c.outcome.in_([AttemptOutcome.FAILED, AttemptOutcome.LOST]),
+                )
+                .order_by(attempts.c.epoch)
+                .limit(1)
+            ).scalar()
+            conn.execute(
+                insert(dead_letters).values(
+                    run_id=run_id,
+                    step_id=step_id,
+                    workflow=workflow,
+                    name=row.name,
+                    input=row.input,
+                    error_type=error_type,
+                    error_message=error_message,
+                    traceback=traceback,
+                    attempts=row.attempts,
+                    first_failed_at=first_failed if first_failed is not None else now,
+                    last_failed_at=now,
+                )
+            )
+            _wake(conn, run_id, self.grace)
+            return True
+
+    def add_usage(
+        self,
+        run_id: str,
+        step_id: str,
+        epoch: int,
+        *,
+        model: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        cost: float,
+    ) -> None:
+        """Add spend to the attempt that spent it, fenced or not: it was really spent."""
+        values: dict[str, Any] = {
+            "calls": attempts.c.calls + 1,
+            "input_tokens": attempts.c.input_tokens + input_tokens,
+            "output_tokens": attempts.c.output_tokens + output_tokens,
+            "cost": attempts.c.cost + cost,
+        }
+        if model:
+            values["model"] = model
+        with self.db.begin() as conn:
+            conn.execute(
+                update(attempts)
+                .where(
+                    attempts.c.run_id == run_id,
+                    attempts.c.step_id == step_id,
+                    attempts.c.epoch == epoch,
+                )
+                .values(**values)
+            )
+
+    def _close_attempt(
+        self,
+        conn: Connection,
+        run_id: str,
+        step_id: str,
+        epoch: int,
+        outcome: AttemptOutcome,
+        error: str | None = None,
+    ) -> None:
+        # Only a still-open attempt is closed: one already marked lost by a takeover
+        # keeps "lost" unless it now reports itself fenced.
+        conn.execute(
+            update(attempts)
+            .where(
+                attempts.c.run_id == run_id,
+                attempts.c.step_id == step_id,
+                attempts.c.epoch == epoch,
+                attempts.c.outcome.in_([AttemptOutcome.RUNNING, AttemptOutcome.LOST]),
+            )
+            .values(outcome=outcome, error=error, finished_at=db_now())
+        )
+
+    # --- the sweeper's claims -------------------------------------------------
+
+    def claim_stalled_steps(self, limit: int = 500) -> list[tuple[str, str, str, str]]:
+        """Steps that need an execute message the store has no sign was answered:
+        takeable now and past their re-send time. Claiming pushes the re-send time
+        out (linear back-off), so concurrent sweepers and a long backlog do not
+        multiply messages. Returns (run_id, step_id, queue, workflow)."""
+        now = db_now()
+        due = and_(
+            steps.c.kind == StepKind.TASK,
+            _takeable(now),
+            or_(steps.c.redispatch_at.is_(None), steps.c.redispatch_at <= now),
+            _run_is(steps.c.run_id, RunStatus.RUNNING),
+        )
+        with self.db.begin() as conn:
+            keys = conn.execute(
+                select(steps.c.run_id, steps.c.step_id).where(due).limit(limit)
+            ).all()
+            claimed: list[tuple[str, str, str, str]] = []
+            for run_id, step_id in keys:
+                row = conn.execute(
+                    update(steps)
+                    .where(_step(run_id, step_id), due)
+                    .values(
+                        redispatch_at=now + self.grace * (steps.c.dispatches + 1),
+                        dispatches=steps.c.dispatches + 1,
+                    )
+                    .returning(steps.c.run_id)
+                ).first()
+                if row is not None:
+                    queue, workflow = conn.execute(
+                        select(runs.c.queue, runs.c.workflow).where(runs.c.id == run_id)
+                    ).one()
+                    claimed.append((run_id, step_id, queue, workflow))
+            return claimed
+
+    def claim_stalled_runs(self, limit: int = 500) -> list[tuple[str, str]]:
+        """Runs with a wake-up no replay has answered (a lost advance message), past
+        their re-send time. Returns (run_id, queue)."""
+        now = db_now()
+        due = and_(
+            runs.c.status.in_([RunStatus.QUEUED, RunStatus.RUNNING]),
+            runs.c.advanced_seq < runs.c.wake_seq,
+            or_(runs.c.redispatch_at.is_(None), runs.c.redispatch_at <= now),
+        )
+        with self.db.begin() as conn:
+            ids = conn.execute(select(runs.c.id).where(due).limit(limit)).scalars().all()
+            claimed: list[tuple[str, str]] = []
+            for run_id in ids:
+                row = conn.execute(
+                    update(runs)
+                    .where(runs.c.id == run_id, due)
+                    .values(
+                        redispatch_at=now + self.grace * (runs.c.dispatches + 1),
+                        dispatches=runs.c.dispatches + 1,
+                    )
+                    .returning(runs.c.queue)
+                ).first()
+                if row is not None:
+                    claimed.append((run_id, row.queue))
+            return claimed
+
+    # --- incidents --------------------------------------------------------------
+
+    def incident(
+        self,
+        kind: Incident,
+        run_id: str | None,
+        step_id: str | None = None,
+        epoch: int | None = None,
+        worker: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        with self.db.begin() as conn:
+            self._incident(conn, kind, run_id, step_id, epoch, worker, detail)
+
+    def _incident(
+        self,
+        conn: Connection,
+        kind: Incident,
+        run_id: str | None,
+        step_id: str | None,
+        epoch: int | None,
+        worker: str | None,
+        detail: str | None = None,
+    ) -> None:
+        conn.execute(
+            insert(incidents).values(
+                kind=kind,
+                run_id=run_id,
+                step_id=step_id,
+                epoch=epoch,
+                worker=worker,
+                detail=detail,
+                at=db_now(),
+            )
+        )

@@ -1,0 +1,86 @@
+"""Reads. Nothing here writes; decisions are never taken on a read alone (the
+ledger's conditional writes re-check every condition they depend on)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Row
+
+from fleet.store.engine import Database, db_now
+from fleet.store.schema import attempts, dead_letters, incidents, runs, steps
+
+
+class Queries:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def run(self, run_id: str) -> Row[Any] | None:
+        with self.db.begin() as conn:
+            return conn.execute(select(runs).where(runs.c.id == run_id)).first()
+
+    def runs(self, status: str | None = None, limit: int = 100) -> Sequence[Row[Any]]:
+        stmt = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
+        if status:
+            stmt = stmt.where(runs.c.status == status)
+        with self.db.begin() as conn:
+            return conn.execute(stmt).all()
+
+    def steps(self, run_id: str) -> Sequence[Row[Any]]:
+        with self.db.begin() as conn:
+            return conn.execute(
+                select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq)
+            ).all()
+
+    def step(self, run_id: str, step_id: str) -> Row[Any] | None:
+        with self.db.begin() as conn:
+            return conn.execute(
+                select(steps).where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+            ).first()
+
+    def attempts(self, run_id: str) -> Sequence[Row[Any]]:
+        with self.db.begin() as conn:
+            return conn.execute(
+                select(attempts)
+                .where(attempts.c.run_id == run_id)
+                .order_by(attempts.c.started_at, attempts.c.epoch)
+            ).all()
+
+    def usage(self, run_id: str) -> dict[str, Any]:
+        with self.db.begin() as conn:
+            row = conn.execute(
+                select(
+                    func.coalesce(func.sum(attempts.c.calls), 0),
+                    func.coalesce(func.sum(attempts.c.input_tokens), 0),
+                    func.coalesce(func.sum(attempts.c.output_tokens), 0),
+                    func.coalesce(func.sum(attempts.c.cost), 0.0),
+                ).where(attempts.c.run_id == run_id)
+            ).one()
+        calls, tin, tout, cost = row
+        return {
+            "calls": int(calls),
+            "input_tokens": int(tin),
+            "output_tokens": int(tout),
+            "tokens": int(tin) + int(tout),
+            "cost": float(cost),
+        }
+
+    def incident_counts(self, run_id: str | None = None) -> dict[str, int]:
+        stmt = select(incidents.c.kind, func.count()).group_by(incidents.c.kind)
+        if run_id is not None:
+            stmt = stmt.where(incidents.c.run_id == run_id)
+        with self.db.begin() as conn:
+            return {kind: int(n) for kind, n in conn.execute(stmt).all()}
+
+    def dead_letters(self, run_id: str | None = None) -> Sequence[Row[Any]]:
+        stmt = select(dead_letters).order_by(dead_letters.c.id)
+        if run_id is not None:
+            stmt = stmt.where(dead_letters.c.run_id == run_id)
+        with self.db.begin() as conn:
+            return conn.execute(stmt).all()
+
+    def now(self) -> float:
+        with self.db.begin() as conn:
+            return float(conn.execute(select(db_now())).scalar_one())

@@ -1,0 +1,142 @@
+"""Tables. Times are seconds since the epoch read from the database's own clock
+(``engine.db_now``), so leases and due times do not depend on worker clocks.
+
+Migrations live beside this module (``migrations/``); a change here needs one there.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import CheckConstraint, Column, Float, Index, Integer, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+from fleet.states import AttemptOutcome, Incident, RunStatus, StepKind, StepStatus, check_constraint
+
+metadata = SQLModel.metadata
+
+
+class Run(SQLModel, table=True):
+    __tablename__ = "fleet_runs"
+    __table_args__ = (
+        CheckConstraint(check_constraint("status", RunStatus), name="ck_runs_status"),
+        Index("ix_runs_status", "status"),
+    )
+
+    id: str = Field(primary_key=True, max_length=200)
+    workflow: str = Field(max_length=200)
+    version: str = Field(max_length=100)
+    pins: str = Field(sa_column=Column(Text, nullable=False, default="{}"))
+    args: str = Field(sa_column=Column(Text, nullable=False))
+    queue: str = Field(max_length=200)
+    status: str = Field(max_length=20)
+    result: str | None = Field(default=None, sa_column=Column(Text))
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    # Every event that needs the workflow replayed bumps wake_seq; an advance that
+    # replayed up to it records advanced_seq. The sweeper re-sends advances where
+    # advanced_seq < wake_seq, so a lost advance message costs a delay, not the run.
+    wake_seq: int = Field(default=0, sa_column=Column(Integer, nullable=False, default=0))
+    advanced_seq: int = Field(default=0, sa_column=Column(Integer, nullable=False, default=0))
+    redispatch_at: float | None = Field(default=None, sa_column=Column(Float))
+    dispatches: int = Field(default=0, sa_column=Column(Integer, nullable=False, default=0))
+    created_at: float = Field(sa_column=Column(Float, nullable=False))
+    updated_at: float = Field(sa_column=Column(Float, nullable=False))
+    finished_at: float | None = Field(default=None, sa_column=Column(Float))
+
+
+class Step(SQLModel, table=True):
+    __tablename__ = "fleet_steps"
+    __table_args__ = (
+        CheckConstraint(check_constraint("status", StepStatus), name="ck_steps_status"),
+        CheckConstraint(check_constraint("kind", StepKind), name="ck_steps_kind"),
+        CheckConstraint("attempts >= 0 AND epoch >= 0", name="ck_steps_counters"),
+        UniqueConstraint("run_id", "seq", name="uq_steps_seq"),
+        Index("ix_steps_status", "status"),
+    )
+
+    run_id: str = Field(primary_key=True, max_length=200, foreign_key="fleet_runs.id")
+    step_id: str = Field(primary_key=True, max_length=300)
+    seq: int
+    name: str = Field(max_length=200)
+    kind: str = Field(max_length=10)
+    input: str = Field(sa_column=Column(Text, nullable=False))
+    status: str = Field(max_length=20)
+    output: str | None = Field(default=None, sa_column=Column(Text))
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    attempts: int = 0
+    max_attempts: int = 1
+    epoch: int = 0
+    lease_owner: str | None = Field(default=None, max_length=200)
+    lease_expires_at: float | None = Field(default=None, sa_column=Column(Float))
+    due_at: float | None = Field(default=None, sa_column=Column(Float))
+    redispatch_at: float | None = Field(default=None, sa_column=Column(Float))
+    dispatches: int = 0
+    created_at: float = Field(sa_column=Column(Float, nullable=False))
+    finished_at: float | None = Field(default=None, sa_column=Column(Float))
+
+
+class StepAttempt(SQLModel, table=True):
+    """One row per lease taken: who ran it, how it ended, what it spent."""
+
+    __tablename__ = "fleet_attempts"
+    __table_args__ = (
+        CheckConstraint(check_constraint("outcome", AttemptOutcome), name="ck_attempts_outcome"),
+    )
+
+    run_id: str = Field(primary_key=True, max_length=200)
+    step_id: str = Field(primary_key=True, max_length=300)
+    epoch: int = Field(primary_key=True)
+    attempt: int
+    worker: str = Field(max_length=200)
+    outcome: str = Field(max_length=20)
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    started_at: float = Field(sa_column=Column(Float, nullable=False))
+    finished_at: float | None = Field(default=None, sa_column=Column(Float))
+    model: str | None = Field(default=None, max_length=200)
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = Field(default=0.0, sa_column=Column(Float, nullable=False, default=0.0))
+
+
+class DeadLetter(SQLModel, table=True):
+    __tablename__ = "fleet_dead_letters"
+    __table_args__ = (Index("ix_dead_letters_run", "run_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(max_length=200)
+    step_id: str = Field(max_length=300)
+    workflow: str = Field(max_length=200)
+    name: str = Field(max_length=200)
+    input: str = Field(sa_column=Column(Text, nullable=False))
+    error_type: str = Field(max_length=200)
+    error_message: str = Field(sa_column=Column(Text, nullable=False))
+    traceback: str | None = Field(default=None, sa_column=Column(Text))
+    attempts: int
+    first_failed_at: float = Field(sa_column=Column(Float, nullable=False))
+    last_failed_at: float = Field(sa_column=Column(Float, nullable=False))
+    replayed_at: float | None = Field(default=None, sa_column=Column(Float))
+
+
+class IncidentRow(SQLModel, table=True):
+    """Fenced writes, duplicate deliveries, takeovers: counted fleet-wide in the store."""
+
+    __tablename__ = "fleet_incidents"
+    __table_args__ = (
+        CheckConstraint(check_constraint("kind", Incident), name="ck_incidents_kind"),
+        Index("ix_incidents_kind", "kind"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    kind: str = Field(max_length=30)
+    run_id: str | None = Field(default=None, max_length=200)
+    step_id: str | None = Field(default=None, max_length=300)
+    epoch: int | None = None
+    worker: str | None = Field(default=None, max_length=200)
+    detail: str | None = Field(default=None, sa_column=Column(Text))
+    at: float = Field(sa_column=Column(Float, nullable=False))
+
+
+runs = Run.__table__  # type: ignore[attr-defined]
+steps = Step.__table__  # type: ignore[attr-defined]
+attempts = StepAttempt.__table__  # type: ignore[attr-defined]
+dead_letters = DeadLetter.__table__  # type: ignore[attr-defined]
+incidents = IncidentRow.__table__  # type: ignore[attr-defined]

@@ -1,0 +1,52 @@
+"""Re-derives lost wake-ups from the store alone.
+
+The broker is a hint: any message may be lost (FLUSHALL, a restart without
+persistence, the filesystem transport's worker dying mid-delivery). Each tick claims,
+with conditional writes, the steps that are takeable but unanswered (never sent,
+lease expired, retry due) and the runs with an unanswered wake-up, and sends them
+again. Several sweepers may run; a claim is taken by one of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from fleet.errors import FleetError
+from fleet.replay import step_shadow
+from fleet.runtime import Runtime
+
+log = logging.getLogger("fleet.sweeper")
+
+
+@dataclass
+class SweepResult:
+    steps: int = 0
+    runs: int = 0
+
+
+def sweep_once(rt: Runtime) -> SweepResult:
+    result = SweepResult()
+    for run_id, step_id, queue, workflow in rt.ledger.claim_stalled_steps():
+        rt.dispatcher.execute(run_id, step_id, queue, shadow=step_shadow(workflow, step_id))
+        result.steps += 1
+    for run_id, queue in rt.ledger.claim_stalled_runs():
+        rt.dispatcher.advance(run_id, queue)
+        result.runs += 1
+    if result.steps or result.runs:
+        log.info("sweeper re-sent %d step and %d run wake-up(s)", result.steps, result.runs)
+    return result
+
+
+def run_sweeper(rt: Runtime, stop: threading.Event | None = None) -> None:
+    """Sweep every ``sweep_interval`` seconds until ``stop`` is set."""
+    stop = stop or threading.Event()
+    interval = rt.settings.sweep_interval
+    log.info("sweeper started: every %.2fs, grace %.2fs", interval, rt.settings.sweep_grace)
+    while not stop.is_set():
+        try:
+            sweep_once(rt)
+        except FleetError as exc:  # store restarting: keep going, it is the only truth
+            log.warning("sweep failed: %s", exc)
+        stop.wait(interval)

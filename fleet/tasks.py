@@ -1,0 +1,43 @@
+"""The two Celery tasks. Thin: they check the message's shape and call the engine."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+
+from fleet.attempt import execute
+from fleet.dispatch import ADVANCE, EXECUTE
+from fleet.replay import advance
+from fleet.runtime import Runtime
+from fleet.states import Incident
+
+log = logging.getLogger("fleet.tasks")
+
+
+def _ids(args: tuple[Any, ...], n: int) -> tuple[str, ...] | None:
+    if len(args) != n or not all(isinstance(a, str) and a for a in args):
+        return None
+    return tuple(args)
+
+
+def register(celery: Celery, rt: Runtime) -> None:
+    def malformed(task: str, args: tuple[Any, ...]) -> None:
+        detail = f"{task} with arguments {args!r:.200}"
+        log.error("malformed message dropped: %s", detail)
+        rt.ledger.incident(Incident.MALFORMED_MESSAGE, None, detail=detail)
+
+    @celery.task(name=ADVANCE, ignore_result=True)
+    def advance_task(*args: Any) -> None:
+        ids = _ids(args, 1)
+        if ids is None:
+            return malformed(ADVANCE, args)
+        advance(rt, ids[0])
+
+    @celery.task(name=EXECUTE, ignore_result=True)
+    def execute_task(*args: Any) -> None:
+        ids = _ids(args, 2)
+        if ids is None:
+            return malformed(EXECUTE, args)
+        execute(rt, ids[0], ids[1])
