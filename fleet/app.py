@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -124,6 +125,14 @@ class Fleet:
         register(self.celery, self.runtime)
         self._schema_checked = False
 
+    def with_settings(self, settings: Settings) -> Fleet:
+        """The same workflows and steps bound to another store and broker (a second
+        environment, a test, the demo's scratch folder)."""
+        other = Fleet(self.name, settings=settings, default_retry=self.default_retry)
+        other.registry.steps.update(self.registry.steps)
+        other.registry.workflows.update(self.registry.workflows)
+        return other
+
     # --- definitions --------------------------------------------------------------
 
     def step(
@@ -180,6 +189,7 @@ class Fleet:
         must be migrated on purpose (``fleet db upgrade``)."""
         if self._schema_checked:
             return
+        prepare_broker(self.settings)
         db = self.runtime.db
         if not db.has_schema():
             if not self.settings.is_sqlite:
@@ -190,6 +200,7 @@ class Fleet:
         self._schema_checked = True
 
     def upgrade_schema(self) -> None:
+        prepare_broker(self.settings)
         migrate.upgrade(self.runtime.db)
         self._schema_checked = True
 
@@ -234,14 +245,29 @@ class Fleet:
         return self.runtime.ledger.cancel_run(run_id, reason)
 
 
+def broker_folders(folder: Path) -> tuple[Path, Path, Path]:
+    """The filesystem transport's folders: messages, processed messages, bindings."""
+    return folder / "queue", folder / "processed", folder / "control"
+
+
+def prepare_broker(settings: Settings) -> None:
+    """Create the filesystem transport's folders (on first use, not at import)."""
+    folder = settings.broker_folder
+    if folder is None:
+        return
+    try:
+        for d in broker_folders(folder):
+            d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"broker folder {folder} cannot be created: {exc.strerror}") from exc
+
+
 def make_celery(name: str, settings: Settings) -> Celery:
     broker = settings.broker_url
     transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout}
     folder = settings.broker_folder
     if folder is not None:
-        queue_dir, processed, control = folder / "queue", folder / "processed", folder / "control"
-        for d in (queue_dir, processed, control):
-            d.mkdir(parents=True, exist_ok=True)
+        queue_dir, processed, control = broker_folders(folder)
         broker = "filesystem://"
         transport_options.update(
             data_folder_in=str(queue_dir),

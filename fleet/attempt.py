@@ -12,7 +12,7 @@ import traceback
 from typing import Any
 
 from fleet import codec
-from fleet.errors import FleetError, NonRetryable
+from fleet.errors import FleetError
 from fleet.policy import Verdict, classify
 from fleet.registry import StepDef
 from fleet.replay import advance, step_shadow
@@ -243,10 +243,7 @@ def _failed(rt: Runtime, run: Any, sd: StepDef, lease: Lease, exc: Exception) ->
         error_message=str(exc),
         traceback="".join(traceback.format_exception(exc)),
     ):
-        kind = (
-            "non-retryable" if isinstance(exc, NonRetryable | sd.non_retryable) else "cap reached"
-        )
-        log.error("step %s of run %s dead-lettered (%s): %s", lease.step_id, run.id, kind, error)
+        log.error("step %s of run %s dead-lettered (%s): %s", lease.step_id, run.id, verdict, error)
         _advance_now(rt, run)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -33,8 +34,9 @@ app = typer.Typer(
 db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-console = Console()
-err = Console(stderr=True)
+# Piped output (scripts, CI logs) is not cut to 80 columns: ids must stay whole.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 1000)
 
 AppOpt = Annotated[
     str | None, typer.Option("-A", "--app", help="application module, e.g. myapp.flows")
@@ -67,6 +69,20 @@ def _setup_logging(level: str = "INFO") -> None:
         format="%(asctime)s %(levelname)s %(processName)s[%(process)d] %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+@app.command()
+def demo(
+    keep: Annotated[bool, typer.Option(help="keep the state in ./.fleet for `fleet runs`")] = False,
+    database_url: Annotated[str | None, typer.Option(help="a Postgres URL instead of SQLite")] = None,
+    broker_url: Annotated[str | None, typer.Option(help="a Redis URL instead of the filesystem")] = None,
+) -> None:
+    """The research agent end to end: a worker killed mid-run, the run resumed."""
+    from fleet.demo import run_demo
+
+    code = _guard(lambda: run_demo(console, keep=keep, database_url=database_url,
+                                   broker_url=broker_url))
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -145,7 +161,8 @@ def runs(
             raise BadInput(f"unknown status {status!r} (one of: {', '.join(RunStatus)})")
         q = _fleet(app_).runtime.queries
         rows = q.runs(status, limit)
-        console.print(runs_table(rows, {r.id: q.usage(r.id) for r in rows}))
+        ids = [r.id for r in rows]
+        console.print(runs_table(rows, {r: q.usage(r) for r in ids}, q.progress(ids)))
 
     _guard(body)
 

@@ -46,7 +46,8 @@ class RetryPolicy:
 
 class Verdict(StrEnum):
     RETRY = "retry"
-    DEAD = "dead"
+    NON_RETRYABLE = "non-retryable"  # dead-lettered at once
+    EXHAUSTED = "attempt cap reached"  # dead-lettered after max_attempts
 
 
 def classify(
@@ -59,9 +60,9 @@ def classify(
 ) -> tuple[Verdict, float]:
     """What to do after a failed attempt: retry after a delay, or dead-letter now."""
     if isinstance(exc, (NonRetryable, PayloadError, *non_retryable)):
-        return Verdict.DEAD, 0.0
+        return Verdict.NON_RETRYABLE, 0.0
     if attempt >= max_attempts:
-        return Verdict.DEAD, 0.0
+        return Verdict.EXHAUSTED, 0.0
     if isinstance(exc, Retry) and exc.delay is not None:
         return Verdict.RETRY, max(0.0, exc.delay)
     return Verdict.RETRY, policy.delay(attempt)

@@ -45,18 +45,25 @@ def spend(usage: dict[str, Any]) -> str:
     return f"{usage['tokens']:,} tok ${usage['cost']:.4f}"
 
 
-def runs_table(rows: Sequence[Any], usage: dict[str, dict[str, Any]]) -> Table:
+def runs_table(
+    rows: Sequence[Any],
+    usage: dict[str, dict[str, Any]],
+    progress: dict[str, tuple[int, int]],
+) -> Table:
     table = Table(title="runs")
-    for col in ("run", "workflow", "version", "status", "steps", "spend", "created"):
+    table.add_column("run", no_wrap=True)
+    table.add_column("workflow", no_wrap=True)
+    for col in ("version", "status", "steps", "spend", "created"):
         table.add_column(col)
     for r in rows:
         u = usage.get(r.id)
+        done, total = progress.get(r.id, (0, 0))
         table.add_row(
             r.id,
             r.workflow,
             r.version,
             status_text(r.status),
-            str(getattr(r, "step_count", "")),
+            f"{done}/{total}",
             spend(u) if u else "-",
             ago(r.created_at),
         )

@@ -23,19 +23,22 @@ def _ids(args: tuple[Any, ...], n: int) -> tuple[str, ...] | None:
 
 
 def register(celery: Celery, rt: Runtime) -> None:
+    """Bind the tasks to this app only (``shared=False``): Celery's default would bind
+    them to every app in the process, so a second Fleet's tasks would reach the first
+    Fleet's store."""
     def malformed(task: str, args: tuple[Any, ...]) -> None:
         detail = f"{task} with arguments {args!r:.200}"
         log.error("malformed message dropped: %s", detail)
         rt.ledger.incident(Incident.MALFORMED_MESSAGE, None, detail=detail)
 
-    @celery.task(name=ADVANCE, ignore_result=True)
+    @celery.task(name=ADVANCE, ignore_result=True, shared=False)
     def advance_task(*args: Any) -> None:
         ids = _ids(args, 1)
         if ids is None:
             return malformed(ADVANCE, args)
         advance(rt, ids[0])
 
-    @celery.task(name=EXECUTE, ignore_result=True)
+    @celery.task(name=EXECUTE, ignore_result=True, shared=False)
     def execute_task(*args: Any) -> None:
         ids = _ids(args, 2)
         if ids is None:

@@ -46,6 +46,16 @@ def work(ctx: StepContext, i: int, seconds: float = 0.0, hold: float = 0.0) -> d
 
 
 @fleet.step
+def square(ctx: StepContext, item: list[float]) -> int:
+    """One fan-out item: ``[i, seconds]`` → i², after ``seconds``."""
+    i, seconds = int(item[0]), float(item[1])
+    log_event(ctx, "start", i=i)
+    time.sleep(seconds)
+    log_event(ctx, "end", i=i)
+    return i * i
+
+
+@fleet.step
 def other(ctx: StepContext, i: int) -> int:
     log_event(ctx, "start", i=i)
     return -i
@@ -72,9 +82,9 @@ def chain(
 @fleet.workflow(version="1")
 def fan(wf: WorkflowContext, n: int, seconds: float = 0.0) -> dict[str, Any]:
     """A fan-out of n parallel steps, then one more step over their sum."""
-    outs = wf.map(work, range(n))
-    total = sum(o["value"] for o in outs)
-    last = wf.step(work, total, seconds)
+    outs = wf.map(square, [[i, seconds] for i in range(n)])
+    total = sum(outs)
+    last = wf.step(work, total)
     return {"total": total, "last": last["value"], "n": len(outs)}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.engine import Row
 
 from fleet.store.engine import Database, db_now
@@ -33,6 +33,17 @@ class Queries:
             return conn.execute(
                 select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq)
             ).all()
+
+    def progress(self, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Per run: (task steps finished, task steps recorded)."""
+        finished = func.sum(case((steps.c.status.in_(["done", "dead"]), 1), else_=0))
+        stmt = (
+            select(steps.c.run_id, finished, func.count())
+            .where(steps.c.run_id.in_(list(run_ids)), steps.c.kind == "task")
+            .group_by(steps.c.run_id)
+        )
+        with self.db.begin() as conn:
+            return {r: (int(d or 0), int(n)) for r, d, n in conn.execute(stmt).all()}
 
     def step(self, run_id: str, step_id: str) -> Row[Any] | None:
         with self.db.begin() as conn:

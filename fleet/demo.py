@@ -1,0 +1,235 @@
+"""``fleet demo``: the research agent on the embedded default, a worker killed with
+SIGKILL partway through, and the run resuming at that step on the other worker."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from fleet.app import Fleet
+from fleet.config import Settings
+from fleet.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
+from fleet.render import status_text
+
+APP = "tasks"
+WORKFLOW = "research_deep"
+TOPIC = "durable execution for AI agents"
+KILL_STEP = "critique#2"  # a sequential step, late in the run: exactly one step in flight
+LEASE_SECONDS = 3.0
+MODEL_LATENCY = 0.6
+TIMEOUT = 120.0
+
+
+@dataclass
+class Story:
+    events: list[str] = field(default_factory=list)
+    killed_worker: str = ""
+    killed_at: float | None = None  # on the store's clock
+    resumed: bool = False
+
+    def say(self, text: str) -> None:
+        self.events.append(f"{time.strftime('%H:%M:%S')}  {text}")
+
+
+def run_demo(console: Console, *, keep: bool, database_url: str | None,
+             broker_url: str | None) -> int:
+    """Tell the crash-and-resume story; 0 only if the run succeeded and no completed
+    step ran twice."""
+    home = Path(".fleet").resolve() if keep else Path(tempfile.mkdtemp(prefix="fleet-demo-"))
+    home.mkdir(parents=True, exist_ok=True)
+    logdir = home / "demo-logs"
+    logdir.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(
+        FLEET_DATABASE_URL=database_url or f"sqlite:///{home}/fleet.db",
+        FLEET_BROKER_URL=broker_url or f"filesystem:///{home}/broker",
+        FLEET_LEASE_SECONDS=str(LEASE_SECONDS),
+        FLEET_SWEEP_INTERVAL="0.5",
+        FLEET_SWEEP_GRACE="2",
+        FLEET_MODEL_LATENCY=str(MODEL_LATENCY),
+    )
+    where = "Postgres + Redis" if database_url else f"the embedded store in {home}"
+    console.print(Panel.fit(
+        f"[bold]fleet demo[/bold]: the research agent ({WORKFLOW}) on {where}.\n"
+        f"Two workers and a sweeper start; partway through, the worker running "
+        f"[cyan]{KILL_STEP}[/cyan] is killed with SIGKILL.\nThe run should resume at that "
+        f"step on the other worker, re-running nothing that had finished.",
+    ))
+    from tasks import fleet as example
+
+    client = example.with_settings(Settings.from_env(env))
+    client.upgrade_schema()
+    procs: list[FleetProcess] = []
+    story = Story()
+    try:
+        for name in ("worker-1", "worker-2"):
+            procs.append(FleetProcess(name, worker_argv(APP, 2),
+                                      {**env, "FLEET_WORKER_NAME": name}, logdir))
+        procs.append(FleetProcess("sweeper", sweeper_argv(APP), env, logdir))
+        for proc, ready in zip(procs, (WORKER_READY, WORKER_READY, SWEEPER_READY), strict=True):
+            if not proc.wait_for_output(ready, 60):
+                console.print(f"[red]{proc.name} did not start[/red]; its log: {proc.log}")
+                return 1
+        story.say("worker-1, worker-2 and the sweeper are up")
+        run = client.enqueue(WORKFLOW, TOPIC)
+        story.say(f"enqueued run {run.id}")
+        ok = _follow(console, client, run.id, procs, story)
+        _summary(console, client, run.id, story)
+        return 0 if ok and _no_completed_step_ran_twice(client, run.id, story) else 1
+    finally:
+        for proc in procs:
+            proc.stop()
+        client.runtime.db.dispose()
+        if keep:
+            console.print(f"State kept in {home}: try [bold]fleet runs[/bold] and "
+                          f"[bold]fleet status RUN_ID[/bold] from {home.parent}.")
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def _follow(console: Console, client: Fleet, run_id: str, procs: list[FleetProcess],
+            story: Story) -> bool:
+    q = client.runtime.queries
+    deadline = time.monotonic() + TIMEOUT
+    with Live(console=console, refresh_per_second=8, transient=False) as live:
+        while True:
+            run = q.run(run_id)
+            assert run is not None
+            steps = [s for s in q.steps(run_id) if s.kind == "task"]
+            if not story.killed_worker:
+                _maybe_kill(client, steps, procs, story)
+            elif not story.resumed:
+                _maybe_resumed(steps, story)
+            live.update(_live_view(run, steps, story))
+            if run.status in ("succeeded", "failed", "cancelled"):
+                return bool(run.status == "succeeded")
+            if time.monotonic() > deadline:
+                story.say(f"[red]gave up after {TIMEOUT:.0f}s[/red]")
+                live.update(_live_view(run, steps, story))
+                return False
+            time.sleep(0.12)
+
+
+def _maybe_kill(client: Fleet, steps: list[Any], procs: list[FleetProcess], story: Story) -> None:
+    target = next((s for s in steps if s.step_id == KILL_STEP and s.status == "running"), None)
+    if target is None or not target.lease_owner:
+        return
+    name, _, pid = target.lease_owner.rpartition(":")
+    victim = next((p for p in procs if str(p.pid) == pid), None)
+    if victim is None:
+        return
+    story.killed_at = client.runtime.queries.now()
+    victim.signal(signal.SIGKILL)
+    story.killed_worker = name
+    story.say(f"[red]SIGKILL[/red] {name} (pid {pid}) while it runs {KILL_STEP} "
+              f"(epoch {target.epoch})")
+    story.say(f"its lease expires within {LEASE_SECONDS:.0f}s; the sweeper then hands "
+              f"{KILL_STEP} to a live worker")
+
+
+def _maybe_resumed(steps: list[Any], story: Story) -> None:
+    ids = [s.step_id for s in steps]
+    target = next((s for s in steps if s.step_id == KILL_STEP), None)
+    if target is None or target.epoch < 2 or not target.lease_owner and target.status != "done":
+        return
+    story.resumed = True
+    holder = (target.lease_owner or "").rsplit(":", 1)[0] or "a live worker"
+    position = ids.index(KILL_STEP) + 1
+    story.say(f"[green]resumed[/green]: {holder} took over {KILL_STEP} at epoch {target.epoch} "
+              f"(step {position}); the {position - 1} steps before it are not run again")
+
+
+def _live_view(run: Any, steps: list[Any], story: Story) -> Group:
+    table = Table(title=f"run {run.id} · {status_text(run.status)}", expand=False)
+    for col in ("step", "status", "attempts", "epoch", "lease holder"):
+        table.add_column(col)
+    for s in steps:
+        holder = s.lease_owner.rsplit(":", 1)[0] if s.lease_owner else ""
+        table.add_row(s.step_id, status_text(s.status), str(s.attempts), str(s.epoch), holder)
+    return Group(table, Text.from_markup("\n".join(story.events[-8:])))
+
+
+def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None:
+    q = client.runtime.queries
+    run = q.run(run_id)
+    assert run is not None
+    steps = [s for s in q.steps(run_id) if s.kind == "task"]
+    by_step: dict[str, list[Any]] = defaultdict(list)
+    for a in q.attempts(run_id):
+        by_step[a.step_id].append(a)
+
+    table = Table(title="every step")
+    for col in ("step", "ran", "on", "epoch", "status"):
+        table.add_column(col)
+    for s in steps:
+        atts = by_step[s.step_id]
+        on = ", ".join(f"{a.worker.rsplit(':', 1)[0]}"
+                       + ("" if a.outcome == "done" else f" ({a.outcome})") for a in atts)
+        table.add_row(s.step_id, str(len(atts)), on, str(s.epoch), status_text(s.status))
+    console.print(table)
+
+    rerun = [s.step_id for s in steps if len(by_step[s.step_id]) > 1]
+    saved = _saved_by_resume(by_step, story.killed_at)
+    cost = Table(title="what the crash cost", show_header=True)
+    for col in ("", "steps", "model calls", "tokens", "cost"):
+        cost.add_column(col)
+    killed = [a for atts in by_step.values() for a in atts if a.outcome in ("lost", "fenced")]
+    lost_tokens = sum(a.input_tokens + a.output_tokens for a in killed)
+    cost.add_row("re-run after the crash (fleet)", str(len(rerun)),
+                 str(sum(a.calls for a in killed)), f"{lost_tokens:,}",
+                 f"${sum(a.cost for a in killed):.4f}")
+    cost.add_row("restarting from step one would re-run", str(saved["steps"] + len(rerun)),
+                 str(saved["calls"]), f"{saved['tokens']:,}", f"${saved['cost']:.4f}")
+    console.print(cost)
+    usage = q.usage(run_id)
+    console.print(f"run spend: {usage['calls']} model calls, {usage['tokens']:,} tokens, "
+                  f"${usage['cost']:.4f} (every attempt, the killed one included)")
+    if run.status == "succeeded":
+        from fleet import codec
+
+        result = codec.decode(run.result)
+        report = result.get("report", "") if isinstance(result, dict) else str(result)
+        console.print(Panel(report, title=f"result · run {run_id} succeeded"))
+    else:
+        console.print(f"[red]run {run_id} {run.status}[/red]: {run.error}")
+
+
+def _saved_by_resume(by_step: dict[str, list[Any]], killed_at: float | None) -> dict[str, Any]:
+    """What the checkpoints saved: the steps finished before the kill, and their spend."""
+    saved = {"steps": 0, "calls": 0, "tokens": 0, "cost": 0.0}
+    if killed_at is None:
+        return saved
+    for atts in by_step.values():
+        done = [a for a in atts if a.outcome == "done" and a.finished_at is not None
+                and a.finished_at <= killed_at]
+        if done:
+            saved["steps"] += 1
+            for a in done:
+                saved["calls"] += a.calls
+                saved["tokens"] += a.input_tokens + a.output_tokens
+                saved["cost"] += a.cost
+    return saved
+
+
+def _no_completed_step_ran_twice(client: Fleet, run_id: str, story: Story) -> bool:
+    if not story.killed_worker:
+        return False  # the story did not happen: nothing was shown
+    by_step: dict[str, list[Any]] = defaultdict(list)
+    for a in client.runtime.queries.attempts(run_id):
+        by_step[a.step_id].append(a)
+    return all(sum(a.outcome == "done" for a in atts) == 1 and
+               (len(atts) == 1 or atts[0].outcome in ("lost", "fenced"))
+               for atts in by_step.values())

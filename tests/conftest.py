@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet import Fleet
+from tests.harness import Backend, Cluster, InlineBroker, client_for, make_backend
+
+
+@pytest.fixture(autouse=True)
+def _clean_fleet_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never read the developer's FLEET_* settings."""
+    for key in list(os.environ):
+        if key.startswith("FLEET_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """The same test on the embedded default and on Postgres + Redis."""
+    b = make_backend(request.param, tmp_path)
+    yield b
+    for undo in b.cleanup:
+        undo()
+
+
+@pytest.fixture
+def client(backend: Backend) -> Iterator[Fleet]:
+    fleet = client_for(backend)
+    yield fleet
+    fleet.runtime.db.dispose()
+
+
+@pytest.fixture
+def cluster(backend: Backend) -> Iterator[Cluster]:
+    c = Cluster(backend)
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def inline(client: Fleet, backend: Backend, monkeypatch: pytest.MonkeyPatch) -> InlineBroker:
+    """Run steps in this process (replay tests); executions still go to the log."""
+    monkeypatch.setenv("FLEET_TEST_LOG", str(backend.log_path))
+    return InlineBroker(client)

@@ -1,0 +1,239 @@
+"""Test harness: backends (SQLite + filesystem, Postgres + Redis), real worker and
+sweeper subprocesses, and polling with deadlines (never sleep-and-hope)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from fleet import Fleet, Settings
+from fleet.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 9
+APP = "tests.flows"
+T = TypeVar("T")
+
+
+def poll(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Call ``check`` until it returns something truthy; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require_services() -> None:
+    """Postgres and Redis must be up: skip on a laptop without them, fail in CI."""
+    missing = [
+        name
+        for name, port in (("Postgres", 5432), ("Redis", REDIS_PORT))
+        if not _reachable("127.0.0.1", port)
+    ]
+    if missing:
+        message = f"{' and '.join(missing)} unreachable on 127.0.0.1"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message + " (CI=true: services are required)", pytrace=False)
+        pytest.skip(message)
+
+
+@dataclass
+class Backend:
+    """One store + broker pair and a scratch folder for the test's processes."""
+
+    kind: str
+    workdir: Path
+    database_url: str
+    broker_url: str
+    lease_seconds: float = 2.0
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "executions.jsonl"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+        env.update(
+            FLEET_DATABASE_URL=self.database_url,
+            FLEET_BROKER_URL=self.broker_url,
+            FLEET_LEASE_SECONDS=str(self.lease_seconds),
+            FLEET_SWEEP_INTERVAL="0.2",
+            FLEET_SWEEP_GRACE="1.0",
+            FLEET_TEST_LOG=str(self.log_path),
+            PYTHONPATH=str(ROOT),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(extra)
+        return env
+
+    def settings(self) -> Settings:
+        return Settings.from_env(self.env())
+
+    def flush_broker(self) -> None:
+        """Lose every message: FLUSHALL on Redis, or empty the filesystem queue."""
+        if self.kind == "postgres":
+            import redis
+
+            redis.Redis(REDIS_HOST, REDIS_PORT).flushall()
+        else:
+            for f in (self.workdir / "broker" / "queue").iterdir():
+                f.unlink(missing_ok=True)
+
+    def queued_messages(self) -> int:
+        if self.kind == "postgres":
+            import redis
+
+            return int(redis.Redis(REDIS_HOST, REDIS_PORT, db=REDIS_DB).llen("fleet"))
+        return len(list((self.workdir / "broker" / "queue").iterdir()))
+
+
+def make_backend(kind: str, workdir: Path) -> Backend:
+    if kind == "sqlite":
+        return Backend(
+            kind, workdir, f"sqlite:///{workdir}/fleet.db", f"filesystem:///{workdir}/broker"
+        )
+    require_services()
+    import psycopg
+    import redis
+
+    name = f"fleet_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    redis.Redis(REDIS_HOST, REDIS_PORT, db=REDIS_DB).flushdb()
+    backend = Backend(
+        kind,
+        workdir,
+        f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}",
+        f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}",
+    )
+
+    def drop() -> None:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    backend.cleanup.append(drop)
+    return backend
+
+
+def client_for(backend: Backend) -> Fleet:
+    """A Fleet on the backend with the test workflows registered (as workers have them)."""
+    from tests import flows
+
+    client = flows.fleet.with_settings(backend.settings())
+    client.upgrade_schema()
+    return client
+
+
+class Cluster:
+    """Workers and sweepers for one test; everything is killed at teardown."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.procs: list[FleetProcess] = []
+
+    def _start(self, name: str, argv: list[str], ready: str, env: dict[str, str]) -> FleetProcess:
+        proc = FleetProcess(name, argv, env, self.backend.workdir)
+        self.procs.append(proc)
+        if not proc.wait_for_output(ready, 30):
+            pytest.fail(f"{name} did not start:\n{proc.output()}")
+        return proc
+
+    def worker(self, name: str, concurrency: int = 4, pool: str = "threads") -> FleetProcess:
+        return self._start(
+            name,
+            worker_argv(APP, concurrency, pool),
+            WORKER_READY,
+            self.backend.env(FLEET_WORKER_NAME=name),
+        )
+
+    def sweeper(self, name: str = "sweeper") -> FleetProcess:
+        return self._start(name, sweeper_argv(APP), SWEEPER_READY, self.backend.env())
+
+    def by_pid(self, pid: int) -> FleetProcess:
+        return next(p for p in self.procs if p.pid == pid)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.signal(signal.SIGKILL)
+            proc.stop()
+
+
+def executions(backend: Backend, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Every step execution the test workflows logged, outside the store."""
+    if not backend.log_path.exists():
+        return []
+    events = [json.loads(line) for line in backend.log_path.read_text().splitlines() if line]
+    return [e for e in events if run_id is None or e["run"] == run_id]
+
+
+def starts(backend: Backend, run_id: str) -> Counter[str]:
+    return Counter(e["step"] for e in executions(backend, run_id) if e["event"] == "start")
+
+
+def find_event(
+    backend: Backend, run_id: str, step: str, event: str, **match: Any
+) -> dict[str, Any] | None:
+    for e in executions(backend, run_id):
+        if e["step"] == step and e["event"] == event and all(e[k] == v for k, v in match.items()):
+            return e
+    return None
+
+
+class InlineBroker:
+    """Stands in for the broker in replay tests: messages are kept in a list and run
+    in this process by ``drain``. (Integration tests use the real broker.)"""
+
+    def __init__(self, client: Fleet) -> None:
+        self.client = client
+        self.sent: list[tuple[str, list[str]]] = []
+        client.runtime.dispatcher._send = self._send  # type: ignore[method-assign]
+
+    def _send(
+        self, task: str, args: list[str], queue: str, *, shadow: str, countdown: float | None = None
+    ) -> bool:
+        self.sent.append((task, args))
+        return True
+
+    def step(self) -> None:
+        """Deliver the oldest message."""
+        from fleet.attempt import execute
+        from fleet.replay import advance
+
+        task, args = self.sent.pop(0)
+        if task == "fleet.advance":
+            advance(self.client.runtime, args[0])
+        else:
+            execute(self.client.runtime, args[0], args[1])
+
+    def drain(self, until: Callable[[], bool] = lambda: False, limit: int = 1000) -> None:
+        """Deliver messages until none is left or ``until()`` holds."""
+        for _ in range(limit):
+            if not self.sent or until():
+                return
+            self.step()
+        raise AssertionError("messages kept coming")

@@ -1,0 +1,87 @@
+"""Config, codec and registry: no services."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet import BadInput, Fleet, Settings
+from fleet.codec import decode, encode, parse_json_arg
+from fleet.errors import PayloadError, UnknownWorkflow
+
+
+def test_settings_default_to_the_embedded_store() -> None:
+    s = Settings.from_env({})
+    assert s.database_url == "sqlite:///.fleet/fleet.db"
+    assert s.broker_folder == Path(".fleet/broker")
+    assert s.lease_seconds == 30.0
+    assert s.visibility_timeout > s.lease_seconds * 10
+
+
+def test_settings_from_env_and_absolute_broker_folder() -> None:
+    s = Settings.from_env({"FLEET_LEASE_SECONDS": "2.5",
+                           "FLEET_BROKER_URL": "filesystem:////var/fleet/broker"})
+    assert s.lease_seconds == 2.5
+    assert s.broker_folder == Path("/var/fleet/broker")
+    assert Settings.from_env({"FLEET_BROKER_URL": "redis://127.0.0.1:6379/0"}).broker_folder is None
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "0"])
+def test_bad_numbers_name_the_variable(value: str) -> None:
+    with pytest.raises(BadInput, match="FLEET_LEASE_SECONDS"):
+        Settings.from_env({"FLEET_LEASE_SECONDS": value})
+
+
+def test_codec_is_strict_json_and_bounded() -> None:
+    assert decode(encode({"a": [1, 2.5, "x", None]}, what="v", limit=100)) == {
+        "a": [1, 2.5, "x", None]}
+    with pytest.raises(PayloadError, match="output of s#1 is not JSON-serialisable"):
+        encode({1, 2}, what="output of s#1", limit=100)
+    with pytest.raises(PayloadError, match="not JSON-serialisable"):
+        encode(float("nan"), what="v", limit=100)
+    with pytest.raises(PayloadError, match="is 12 bytes, over the 10-byte payload limit"):
+        encode("x" * 10, what="v", limit=10)
+    with pytest.raises(PayloadError, match="argument 2 is not JSON"):
+        parse_json_arg("{oops", what="argument 2")
+
+
+def test_registry_errors_are_clear() -> None:
+    app = Fleet("t", settings=Settings(database_url="sqlite:///:memory:"))
+
+    @app.step
+    def s(ctx: object) -> int:
+        return 1
+
+    @app.workflow(version="2")
+    def wf(wf: object) -> None:
+        return None
+
+    assert app.registry.workflow("wf").version == "2"
+    with pytest.raises(UnknownWorkflow, match="unknown workflow 'nope' \\(registered: wf\\)"):
+        app.registry.workflow("nope")
+    with pytest.raises(TypeError, match="wf.step"):
+        s()
+    with pytest.raises(TypeError, match="fleet.enqueue"):
+        wf()
+    with pytest.raises(BadInput, match="two steps are named 's'"):
+        app.step(name="s")(lambda ctx: 2)
+    with pytest.raises(BadInput, match="without '#'"):
+        app.step(name="a#b")(lambda ctx: 2)
+
+
+def test_celery_app_is_json_only_and_acks_late() -> None:
+    app = Fleet("t", settings=Settings(broker_url="redis://127.0.0.1:6379/0"))
+    conf = app.celery.conf
+    assert conf.task_serializer == "json" and conf.accept_content == ["json"]
+    assert conf.task_acks_late and conf.task_reject_on_worker_lost
+    assert conf.worker_prefetch_multiplier == 1
+    assert conf.broker_transport_options["visibility_timeout"] >= 3600
+    assert {"fleet.advance", "fleet.execute"} <= set(app.celery.tasks)
+
+
+def test_two_fleets_in_one_process_keep_their_own_tasks(tmp_path: Path) -> None:
+    a = Fleet("a", settings=Settings(database_url=f"sqlite:///{tmp_path}/a.db"))
+    b = a.with_settings(Settings(database_url=f"sqlite:///{tmp_path}/b.db"))
+    assert a.celery.tasks["fleet.execute"] is not b.celery.tasks["fleet.execute"]
+    assert b.registry.steps == a.registry.steps and b.registry is not a.registry
