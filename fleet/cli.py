@@ -74,14 +74,19 @@ def _setup_logging(level: str = "INFO") -> None:
 @app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="keep the state in ./.fleet for `fleet runs`")] = False,
-    database_url: Annotated[str | None, typer.Option(help="a Postgres URL instead of SQLite")] = None,
-    broker_url: Annotated[str | None, typer.Option(help="a Redis URL instead of the filesystem")] = None,
+    database_url: Annotated[
+        str | None, typer.Option(help="a Postgres URL instead of SQLite")
+    ] = None,
+    broker_url: Annotated[
+        str | None, typer.Option(help="a Redis URL instead of the filesystem")
+    ] = None,
 ) -> None:
     """The research agent end to end: a worker killed mid-run, the run resumed."""
     from fleet.demo import run_demo
 
-    code = _guard(lambda: run_demo(console, keep=keep, database_url=database_url,
-                                   broker_url=broker_url))
+    code = _guard(
+        lambda: run_demo(console, keep=keep, database_url=database_url, broker_url=broker_url)
+    )
     raise typer.Exit(code)
 
 

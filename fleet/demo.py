@@ -44,8 +44,9 @@ class Story:
         self.events.append(f"{time.strftime('%H:%M:%S')}  {text}")
 
 
-def run_demo(console: Console, *, keep: bool, database_url: str | None,
-             broker_url: str | None) -> int:
+def run_demo(
+    console: Console, *, keep: bool, database_url: str | None, broker_url: str | None
+) -> int:
     """Tell the crash-and-resume story; 0 only if the run succeeded and no completed
     step ran twice."""
     home = Path(".fleet").resolve() if keep else Path(tempfile.mkdtemp(prefix="fleet-demo-"))
@@ -62,12 +63,14 @@ def run_demo(console: Console, *, keep: bool, database_url: str | None,
         FLEET_MODEL_LATENCY=str(MODEL_LATENCY),
     )
     where = "Postgres + Redis" if database_url else f"the embedded store in {home}"
-    console.print(Panel.fit(
-        f"[bold]fleet demo[/bold]: the research agent ({WORKFLOW}) on {where}.\n"
-        f"Two workers and a sweeper start; partway through, the worker running "
-        f"[cyan]{KILL_STEP}[/cyan] is killed with SIGKILL.\nThe run should resume at that "
-        f"step on the other worker, re-running nothing that had finished.",
-    ))
+    console.print(
+        Panel.fit(
+            f"[bold]fleet demo[/bold]: the research agent ({WORKFLOW}) on {where}.\n"
+            f"Two workers and a sweeper start; partway through, the worker running "
+            f"[cyan]{KILL_STEP}[/cyan] is killed with SIGKILL.\nThe run should resume at that "
+            f"step on the other worker, re-running nothing that had finished.",
+        )
+    )
     from tasks import fleet as example
 
     client = example.with_settings(Settings.from_env(env))
@@ -76,8 +79,9 @@ def run_demo(console: Console, *, keep: bool, database_url: str | None,
     story = Story()
     try:
         for name in ("worker-1", "worker-2"):
-            procs.append(FleetProcess(name, worker_argv(APP, 2),
-                                      {**env, "FLEET_WORKER_NAME": name}, logdir))
+            procs.append(
+                FleetProcess(name, worker_argv(APP, 2), {**env, "FLEET_WORKER_NAME": name}, logdir)
+            )
         procs.append(FleetProcess("sweeper", sweeper_argv(APP), env, logdir))
         for proc, ready in zip(procs, (WORKER_READY, WORKER_READY, SWEEPER_READY), strict=True):
             if not proc.wait_for_output(ready, 60):
@@ -94,14 +98,17 @@ def run_demo(console: Console, *, keep: bool, database_url: str | None,
             proc.stop()
         client.runtime.db.dispose()
         if keep:
-            console.print(f"State kept in {home}: try [bold]fleet runs[/bold] and "
-                          f"[bold]fleet status RUN_ID[/bold] from {home.parent}.")
+            console.print(
+                f"State kept in {home}: try [bold]fleet runs[/bold] and "
+                f"[bold]fleet status RUN_ID[/bold] from {home.parent}."
+            )
         else:
             shutil.rmtree(home, ignore_errors=True)
 
 
-def _follow(console: Console, client: Fleet, run_id: str, procs: list[FleetProcess],
-            story: Story) -> bool:
+def _follow(
+    console: Console, client: Fleet, run_id: str, procs: list[FleetProcess], story: Story
+) -> bool:
     q = client.runtime.queries
     deadline = time.monotonic() + TIMEOUT
     with Live(console=console, refresh_per_second=8, transient=False) as live:
@@ -134,10 +141,13 @@ def _maybe_kill(client: Fleet, steps: list[Any], procs: list[FleetProcess], stor
     story.killed_at = client.runtime.queries.now()
     victim.signal(signal.SIGKILL)
     story.killed_worker = name
-    story.say(f"[red]SIGKILL[/red] {name} (pid {pid}) while it runs {KILL_STEP} "
-              f"(epoch {target.epoch})")
-    story.say(f"its lease expires within {LEASE_SECONDS:.0f}s; the sweeper then hands "
-              f"{KILL_STEP} to a live worker")
+    story.say(
+        f"[red]SIGKILL[/red] {name} (pid {pid}) while it runs {KILL_STEP} (epoch {target.epoch})"
+    )
+    story.say(
+        f"its lease expires within {LEASE_SECONDS:.0f}s; the sweeper then hands "
+        f"{KILL_STEP} to a live worker"
+    )
 
 
 def _maybe_resumed(steps: list[Any], story: Story) -> None:
@@ -148,8 +158,10 @@ def _maybe_resumed(steps: list[Any], story: Story) -> None:
     story.resumed = True
     holder = (target.lease_owner or "").rsplit(":", 1)[0] or "a live worker"
     position = ids.index(KILL_STEP) + 1
-    story.say(f"[green]resumed[/green]: {holder} took over {KILL_STEP} at epoch {target.epoch} "
-              f"(step {position}); the {position - 1} steps before it are not run again")
+    story.say(
+        f"[green]resumed[/green]: {holder} took over {KILL_STEP} at epoch {target.epoch} "
+        f"(step {position}); the {position - 1} steps before it are not run again"
+    )
 
 
 def _live_view(run: Any, steps: list[Any], story: Story) -> Group:
@@ -176,8 +188,10 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
         table.add_column(col)
     for s in steps:
         atts = by_step[s.step_id]
-        on = ", ".join(f"{a.worker.rsplit(':', 1)[0]}"
-                       + ("" if a.outcome == "done" else f" ({a.outcome})") for a in atts)
+        on = ", ".join(
+            f"{a.worker.rsplit(':', 1)[0]}" + ("" if a.outcome == "done" else f" ({a.outcome})")
+            for a in atts
+        )
         table.add_row(s.step_id, str(len(atts)), on, str(s.epoch), status_text(s.status))
     console.print(table)
 
@@ -188,15 +202,26 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
         cost.add_column(col)
     killed = [a for atts in by_step.values() for a in atts if a.outcome in ("lost", "fenced")]
     lost_tokens = sum(a.input_tokens + a.output_tokens for a in killed)
-    cost.add_row("re-run after the crash (fleet)", str(len(rerun)),
-                 str(sum(a.calls for a in killed)), f"{lost_tokens:,}",
-                 f"${sum(a.cost for a in killed):.4f}")
-    cost.add_row("restarting from step one would re-run", str(saved["steps"] + len(rerun)),
-                 str(saved["calls"]), f"{saved['tokens']:,}", f"${saved['cost']:.4f}")
+    cost.add_row(
+        "re-run after the crash (fleet)",
+        str(len(rerun)),
+        str(sum(a.calls for a in killed)),
+        f"{lost_tokens:,}",
+        f"${sum(a.cost for a in killed):.4f}",
+    )
+    cost.add_row(
+        "restarting from step one would re-run",
+        str(saved["steps"] + len(rerun)),
+        str(saved["calls"]),
+        f"{saved['tokens']:,}",
+        f"${saved['cost']:.4f}",
+    )
     console.print(cost)
     usage = q.usage(run_id)
-    console.print(f"run spend: {usage['calls']} model calls, {usage['tokens']:,} tokens, "
-                  f"${usage['cost']:.4f} (every attempt, the killed one included)")
+    console.print(
+        f"run spend: {usage['calls']} model calls, {usage['tokens']:,} tokens, "
+        f"${usage['cost']:.4f} (every attempt, the killed one included)"
+    )
     if run.status == "succeeded":
         from fleet import codec
 
@@ -213,8 +238,11 @@ def _saved_by_resume(by_step: dict[str, list[Any]], killed_at: float | None) -> 
     if killed_at is None:
         return saved
     for atts in by_step.values():
-        done = [a for a in atts if a.outcome == "done" and a.finished_at is not None
-                and a.finished_at <= killed_at]
+        done = [
+            a
+            for a in atts
+            if a.outcome == "done" and a.finished_at is not None and a.finished_at <= killed_at
+        ]
         if done:
             saved["steps"] += 1
             for a in done:
@@ -230,6 +258,8 @@ def _no_completed_step_ran_twice(client: Fleet, run_id: str, story: Story) -> bo
     by_step: dict[str, list[Any]] = defaultdict(list)
     for a in client.runtime.queries.attempts(run_id):
         by_step[a.step_id].append(a)
-    return all(sum(a.outcome == "done" for a in atts) == 1 and
-               (len(atts) == 1 or atts[0].outcome in ("lost", "fenced"))
-               for atts in by_step.values())
+    return all(
+        sum(a.outcome == "done" for a in atts) == 1
+        and (len(atts) == 1 or atts[0].outcome in ("lost", "fenced"))
+        for atts in by_step.values()
+    )

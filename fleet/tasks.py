@@ -26,6 +26,7 @@ def register(celery: Celery, rt: Runtime) -> None:
     """Bind the tasks to this app only (``shared=False``): Celery's default would bind
     them to every app in the process, so a second Fleet's tasks would reach the first
     Fleet's store."""
+
     def malformed(task: str, args: tuple[Any, ...]) -> None:
         detail = f"{task} with arguments {args!r:.200}"
         log.error("malformed message dropped: %s", detail)

@@ -14,8 +14,14 @@ from tests.harness import ROOT, Backend
 def run_demo(cwd: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env.update(PYTHONPATH=str(ROOT), COLUMNS="120")
-    return subprocess.run([sys.executable, "-m", "fleet", "demo", *flags], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", "demo", *flags],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def check_story(out: subprocess.CompletedProcess[str]) -> None:
@@ -36,14 +42,23 @@ def test_demo(backend: Backend, tmp_path: Path) -> None:
         check_story(run_demo(tmp_path))
         assert not (tmp_path / ".fleet").exists(), "without --keep the demo leaves nothing"
     else:
-        check_story(run_demo(tmp_path, "--database-url", backend.database_url,
-                             "--broker-url", backend.broker_url))
+        check_story(
+            run_demo(
+                tmp_path, "--database-url", backend.database_url, "--broker-url", backend.broker_url
+            )
+        )
 
 
 def test_demo_keep_leaves_state_for_the_cli(tmp_path: Path) -> None:
     out = run_demo(tmp_path, "--keep")
     check_story(out)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    runs = subprocess.run([sys.executable, "-m", "fleet", "runs"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+    runs = subprocess.run(
+        [sys.executable, "-m", "fleet", "runs"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert runs.returncode == 0 and "research_deep" in runs.stdout and "succeeded" in runs.stdout

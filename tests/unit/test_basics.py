@@ -20,8 +20,9 @@ def test_settings_default_to_the_embedded_store() -> None:
 
 
 def test_settings_from_env_and_absolute_broker_folder() -> None:
-    s = Settings.from_env({"FLEET_LEASE_SECONDS": "2.5",
-                           "FLEET_BROKER_URL": "filesystem:////var/fleet/broker"})
+    s = Settings.from_env(
+        {"FLEET_LEASE_SECONDS": "2.5", "FLEET_BROKER_URL": "filesystem:////var/fleet/broker"}
+    )
     assert s.lease_seconds == 2.5
     assert s.broker_folder == Path("/var/fleet/broker")
     assert Settings.from_env({"FLEET_BROKER_URL": "redis://127.0.0.1:6379/0"}).broker_folder is None
@@ -35,7 +36,8 @@ def test_bad_numbers_name_the_variable(value: str) -> None:
 
 def test_codec_is_strict_json_and_bounded() -> None:
     assert decode(encode({"a": [1, 2.5, "x", None]}, what="v", limit=100)) == {
-        "a": [1, 2.5, "x", None]}
+        "a": [1, 2.5, "x", None]
+    }
     with pytest.raises(PayloadError, match="output of s#1 is not JSON-serialisable"):
         encode({1, 2}, what="output of s#1", limit=100)
     with pytest.raises(PayloadError, match="not JSON-serialisable"):

@@ -43,6 +43,8 @@ def test_classification() -> None:
     assert _classify(TimeoutError(), attempt=3)[0] is Verdict.EXHAUSTED
     assert _classify(NonRetryable("bad request"))[0] is Verdict.NON_RETRYABLE
     assert _classify(PayloadError("too big"))[0] is Verdict.NON_RETRYABLE
-    assert _classify(PermissionError(), non_retryable=(PermissionError,))[0] is Verdict.NON_RETRYABLE
+    assert (
+        _classify(PermissionError(), non_retryable=(PermissionError,))[0] is Verdict.NON_RETRYABLE
+    )
     assert _classify(Retry(delay=7.5)) == (Verdict.RETRY, 7.5)
     assert _classify(Retry(delay=7.5), attempt=3)[0] is Verdict.EXHAUSTED, "Retry counts too"
