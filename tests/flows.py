@@ -46,6 +46,15 @@ def work(ctx: StepContext, i: int, seconds: float = 0.0, hold: float = 0.0) -> d
 
 
 @fleet.step
+def linger(ctx: StepContext, first: float, later: float) -> dict[str, Any]:
+    """Sleeps ``first`` seconds on attempt 1 and ``later`` on every other attempt."""
+    log_event(ctx, "start")
+    time.sleep(first if ctx.attempt == 1 else later)
+    log_event(ctx, "end")
+    return {"epoch": ctx.epoch}
+
+
+@fleet.step
 def square(ctx: StepContext, item: list[float]) -> int:
     """One fan-out item: ``[i, seconds]`` → i², after ``seconds``."""
     i, seconds = int(item[0]), float(item[1])
@@ -86,6 +95,15 @@ def fan(wf: WorkflowContext, n: int, seconds: float = 0.0) -> dict[str, Any]:
     total = sum(outs)
     last = wf.step(work, total)
     return {"total": total, "last": last["value"], "n": len(outs)}
+
+
+@fleet.workflow(version="1")
+def frozen(wf: WorkflowContext, first: float, later: float) -> int:
+    """work, then a step whose first attempt outlasts its lease, then work again."""
+    wf.step(work, 1)
+    held = wf.step(linger, first, later)
+    wf.step(work, 2)
+    return int(held["epoch"])
 
 
 @fleet.workflow(version="1")

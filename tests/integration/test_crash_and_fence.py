@@ -7,7 +7,7 @@ import signal
 
 from fleet import Fleet
 from fleet.replay import advance, step_shadow
-from tests.harness import Backend, Cluster, find_event, poll, starts
+from tests.harness import Backend, Cluster, executions, find_event, poll, starts
 
 N = 12
 EXPECTED = sum(i * i for i in range(N))
@@ -46,32 +46,36 @@ def test_frozen_worker_is_fenced_when_it_wakes(
     cluster.worker("w1")
     cluster.worker("w2")
     cluster.sweeper()
-    # work#2's first attempt holds for 6 s; the lease is 2 s.
-    run = client.enqueue("chain", 3, 0.0, 1, 6.0)
+    # linger#1's first attempt sleeps 3 s against a 2 s lease; the takeover sleeps 5 s,
+    # so the zombie, woken as soon as the takeover starts, tries to commit while the
+    # epoch-2 attempt still holds the step.
+    run = client.enqueue("frozen", 3.0, 5.0)
     first = poll(
-        lambda: find_event(backend, run.id, "work#2", "start", attempt=1), 30, "work#2 to start"
+        lambda: find_event(backend, run.id, "linger#1", "start", attempt=1),
+        30,
+        "linger#1 to start",
     )
     zombie = cluster.by_pid(first["pid"])
     zombie.signal(signal.SIGSTOP)
     poll(
-        lambda: find_event(backend, run.id, "work#2", "end", epoch=2),
+        lambda: find_event(backend, run.id, "linger#1", "start", epoch=2),
         30,
-        "the takeover attempt (epoch 2) to finish work#2",
+        "another worker to take linger#1 over at epoch 2",
     )
     zombie.signal(signal.SIGCONT)
 
-    assert run.wait(timeout=60) == 0 + 1 + 4
+    assert run.wait(timeout=60) == 2, "the workflow saw the epoch-2 attempt's output"
+    zombie_end = find_event(backend, run.id, "linger#1", "end", epoch=1)
+    takeover_end = find_event(backend, run.id, "linger#1", "end", epoch=2)
+    assert zombie_end and takeover_end
+    assert executions(backend, run.id).index(zombie_end) < executions(backend, run.id).index(
+        takeover_end
+    ), "the zombie finished first, while the takeover held the lease"
     q = client.runtime.queries
-
-    def zombie_outcome() -> str | None:
-        rows = [a for a in q.attempts(run.id) if a.step_id == "work#2" and a.epoch == 1]
-        return rows[0].outcome if rows and rows[0].outcome == "fenced" else None
-
-    poll(zombie_outcome, 30, "the zombie's commit to be rejected")
-    assert find_event(backend, run.id, "work#2", "end", epoch=1), "the zombie did finish its work"
-    step = q.step(run.id, "work#2")
-    assert step is not None and step.epoch == 2
-    assert '"epoch":2' in step.output, "the recorded output is the epoch-2 attempt's"
+    outcomes = {a.epoch: a.outcome for a in q.attempts(run.id) if a.step_id == "linger#1"}
+    assert outcomes == {1: "fenced", 2: "done"}
+    step = q.step(run.id, "linger#1")
+    assert step is not None and step.epoch == 2 and step.output == '{"epoch":2}'
     assert q.incident_counts(run.id).get("fenced_write") == 1
 
 
