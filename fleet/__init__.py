@@ -1,6 +1,6 @@
 """fleet: durable execution for long, multi-step agent runs on a Celery worker fleet."""
 
-from fleet.app import Fleet, RunHandle, StepInfo
+from fleet.app import Fleet, RunHandle
 from fleet.attempt import LeaseLost, StepContext
 from fleet.config import Settings
 from fleet.errors import (
@@ -15,10 +15,12 @@ from fleet.errors import (
     WaitTimeout,
 )
 from fleet.policy import RetryPolicy
+from fleet.records import DeadLetterInfo, StepInfo
 from fleet.replay import WorkflowContext
 
 __all__ = [
     "BadInput",
+    "DeadLetterInfo",
     "Fleet",
     "FleetError",
     "LeaseLost",

@@ -6,7 +6,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,9 @@ from fleet.config import Settings
 from fleet.dispatch import Dispatcher
 from fleet.errors import BadInput, RunFailed, StoreUnavailable, UnknownRun, WaitTimeout
 from fleet.policy import RetryPolicy
+from fleet.records import DeadLetterInfo, StepInfo
 from fleet.registry import Registry, StepDef, WorkflowDef
+from fleet.replay import step_shadow
 from fleet.runtime import Runtime
 from fleet.states import RunStatus
 from fleet.store import migrate
@@ -29,16 +30,7 @@ from fleet.tasks import register
 log = logging.getLogger("fleet")
 
 MAX_RUN_ID = 200
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    id: str
-    name: str
-    status: str
-    attempts: int
-    epoch: int
-    error: str | None
+_UNSET: Any = object()
 
 
 class RunHandle:
@@ -105,6 +97,7 @@ class Fleet:
         broker_url: str | None = None,
         lease_seconds: float | None = None,
         default_retry: RetryPolicy | None = None,
+        on_dead_letter: Callable[[DeadLetterInfo], Any] | None = None,
     ) -> None:
         self.name = name
         self.settings = settings or Settings.from_env(
@@ -124,6 +117,16 @@ class Fleet:
         )
         register(self.celery, self.runtime)
         self._schema_checked = False
+        if on_dead_letter is not None:
+            self.on_dead_letter(on_dead_letter)
+
+    def on_dead_letter(
+        self, hook: Callable[[DeadLetterInfo], Any]
+    ) -> Callable[[DeadLetterInfo], Any]:
+        """Call ``hook`` once for each dead letter, in the worker that wrote it (page
+        someone, post to chat). A hook that raises is logged, never fatal."""
+        self.runtime.dead_letter_hooks.append(hook)
+        return hook
 
     def with_settings(self, settings: Settings) -> Fleet:
         """The same workflows and steps bound to another store and broker (a second
@@ -131,6 +134,7 @@ class Fleet:
         other = Fleet(self.name, settings=settings, default_retry=self.default_retry)
         other.registry.steps.update(self.registry.steps)
         other.registry.workflows.update(self.registry.workflows)
+        other.runtime.dead_letter_hooks.extend(self.runtime.dead_letter_hooks)
         return other
 
     # --- definitions --------------------------------------------------------------
@@ -239,6 +243,53 @@ class Fleet:
         handle = RunHandle(self, run_id)
         handle._row()
         return handle
+
+    def dead_letters(
+        self,
+        run_id: str | None = None,
+        workflow: str | None = None,
+        include_replayed: bool = False,
+    ) -> list[DeadLetterInfo]:
+        """Dead-lettered steps, oldest first; replayed ones only with ``include_replayed``."""
+        self.ensure_schema()
+        rows = self.runtime.queries.dead_letters(run_id, workflow, include_replayed)
+        return [DeadLetterInfo.from_row(r) for r in rows]
+
+    def replay(self, dead_letter_id: int, input: Any = _UNSET) -> RunHandle:
+        """Re-run a dead-lettered step with a fresh attempt budget (optionally with new
+        ``input``: a list of arguments, or ``{"args": [...], "kwargs": {...}}``); its run
+        resumes from that step. The dead letter is marked replayed, not deleted."""
+        self.ensure_schema()
+        letter = self.runtime.queries.dead_letter(dead_letter_id)
+        if letter is None:
+            raise BadInput(f"unknown dead letter {dead_letter_id}")
+        new_input = None
+        if input is not _UNSET:
+            call = input if isinstance(input, dict) else {"args": input, "kwargs": {}}
+            if not isinstance(call.get("args", []), list) or not isinstance(
+                call.get("kwargs", {}), dict
+            ):
+                raise BadInput(
+                    "replay input must be a JSON list of arguments or "
+                    '{"args": [...], "kwargs": {...}}'
+                )
+            new_input = codec.encode(
+                {"args": call.get("args", []), "kwargs": call.get("kwargs", {})},
+                what=f"input of step {letter.step_id}",
+                limit=self.settings.max_payload_bytes,
+            )
+        refused = self.runtime.ledger.replay_dead_letter(dead_letter_id, new_input)
+        if refused is not None:
+            raise BadInput(f"dead letter {dead_letter_id} cannot be replayed: {refused}")
+        run = self.runtime.queries.run(letter.run_id)
+        assert run is not None
+        self.runtime.dispatcher.execute(
+            letter.run_id,
+            letter.step_id,
+            run.queue,
+            shadow=step_shadow(run.workflow, letter.step_id),
+        )
+        return RunHandle(self, letter.run_id)
 
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
         self.run(run_id)

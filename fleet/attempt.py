@@ -14,6 +14,7 @@ from typing import Any
 from fleet import codec
 from fleet.errors import FleetError
 from fleet.policy import Verdict, classify
+from fleet.records import DeadLetterInfo
 from fleet.registry import StepDef
 from fleet.replay import advance, step_shadow
 from fleet.runtime import Runtime
@@ -186,23 +187,41 @@ def _refused(rt: Runtime, run: Any, step_id: str, why: TakeRefused, owner: str) 
     if why is TakeRefused.EXHAUSTED:
         step = rt.queries.step(run.id, step_id)
         attempts = step.attempts if step else 0
-        if rt.ledger.dead_letter(
-            run.id,
+        _dead_letter(
+            rt,
+            run,
             step_id,
-            epoch=None,
-            workflow=run.workflow,
-            error_type="AttemptsExhausted",
-            error_message=f"all {attempts} attempt(s) were lost with their worker",
-            traceback=None,
-        ):
-            log.error(
-                "step %s of run %s dead-lettered: every attempt crashed its worker", step_id, run.id
-            )
-            _advance_now(rt, run)
+            None,
+            "AttemptsExhausted",
+            f"all {attempts} attempt(s) were lost with their worker",
+            None,
+            "every attempt crashed its worker",
+        )
+        return
+    if why is TakeRefused.NOT_DUE:
+        _resend_when_due(rt, run, step_id)
         return
     if why in (TakeRefused.LEASE_LIVE, TakeRefused.ALREADY_FINISHED):
         rt.ledger.incident(Incident.DUPLICATE_DELIVERY, run.id, step_id, worker=owner, detail=why)
     log.info("execute %s of run %s dropped: %s", step_id, run.id, why)
+
+
+def _resend_when_due(rt: Runtime, run: Any, step_id: str) -> None:
+    """A retry's countdown message came before its due time on the store's clock (the
+    worker's clock runs ahead): send it again for the remaining time rather than leave
+    it to the sweeper's grace period."""
+    step = rt.queries.step(run.id, step_id)
+    if step is None or step.due_at is None:
+        return
+    remaining = step.due_at - rt.queries.now()
+    if 0 < remaining <= min(COUNTDOWN_LIMIT, rt.settings.visibility_timeout / 2):
+        rt.dispatcher.execute(
+            run.id,
+            step_id,
+            run.queue,
+            countdown=remaining + 0.01,
+            shadow=step_shadow(run.workflow, step_id),
+        )
 
 
 def _failed(rt: Runtime, run: Any, sd: StepDef, lease: Lease, exc: Exception) -> None:
@@ -218,7 +237,7 @@ def _failed(rt: Runtime, run: Any, sd: StepDef, lease: Lease, exc: Exception) ->
             max_attempts=sd.retry.max_attempts,
         )
     if verdict is Verdict.RETRY:
-        countdown = delay <= COUNTDOWN_LIMIT
+        countdown = delay <= min(COUNTDOWN_LIMIT, rt.settings.visibility_timeout / 2)
         if rt.ledger.schedule_retry(
             run.id, lease.step_id, lease.epoch, delay, error, countdown=countdown
         ):
@@ -234,17 +253,52 @@ def _failed(rt: Runtime, run: Any, sd: StepDef, lease: Lease, exc: Exception) ->
                     shadow=step_shadow(run.workflow, lease.step_id),
                 )
         return
-    if rt.ledger.dead_letter(
-        run.id,
+    _dead_letter(
+        rt,
+        run,
         lease.step_id,
-        epoch=lease.epoch,
+        lease.epoch,
+        type(exc).__name__,
+        str(exc),
+        "".join(traceback.format_exception(exc)),
+        verdict,
+    )
+
+
+def _dead_letter(
+    rt: Runtime,
+    run: Any,
+    step_id: str,
+    epoch: int | None,
+    error_type: str,
+    message: str,
+    tb: str | None,
+    why: str,
+) -> None:
+    """Dead-letter the step; if this writer did it, tell the hooks and move the run on."""
+    letter_id = rt.ledger.dead_letter(
+        run.id,
+        step_id,
+        epoch=epoch,
         workflow=run.workflow,
-        error_type=type(exc).__name__,
-        error_message=str(exc),
-        traceback="".join(traceback.format_exception(exc)),
-    ):
-        log.error("step %s of run %s dead-lettered (%s): %s", lease.step_id, run.id, verdict, error)
-        _advance_now(rt, run)
+        error_type=error_type,
+        error_message=message,
+        traceback=tb,
+    )
+    if letter_id is None:
+        return  # fenced, or another writer settled the step first
+    log.error(
+        "step %s of run %s dead-lettered (%s): %s: %s", step_id, run.id, why, error_type, message
+    )
+    if rt.dead_letter_hooks:
+        row = rt.queries.dead_letter(letter_id)
+        info = DeadLetterInfo.from_row(row)
+        for hook in rt.dead_letter_hooks:
+            try:
+                hook(info)
+            except Exception:
+                log.exception("on_dead_letter hook %r failed for dead letter %d", hook, letter_id)
+    _advance_now(rt, run)
 
 
 def _advance_now(rt: Runtime, run: Any) -> None:

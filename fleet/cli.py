@@ -21,7 +21,8 @@ from fleet import codec
 from fleet.app import Fleet
 from fleet.errors import BadInput, FleetError, StoreUnavailable
 from fleet.loader import load_fleet
-from fleet.render import run_view, runs_table
+from fleet.records import DeadLetterInfo
+from fleet.render import dead_letter_view, dead_letters_table, run_view, runs_table
 from fleet.states import RunStatus
 from fleet.sweeper import run_sweeper
 
@@ -33,6 +34,8 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+dlq_app = typer.Typer(help="Dead-lettered steps: list, show, replay.", no_args_is_help=True)
+app.add_typer(dlq_app, name="dlq")
 
 # Piped output (scripts, CI logs) is not cut to 80 columns: ids must stay whole.
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
@@ -284,6 +287,74 @@ def db_upgrade(app_: AppOpt = None) -> None:
         fleet = _fleet(app_, schema=False)
         fleet.upgrade_schema()
         console.print("schema is up to date")
+
+    _guard(body)
+
+
+@dlq_app.command("list")
+def dlq_list(
+    workflow: Annotated[str | None, typer.Option(help="only this workflow's")] = None,
+    run: Annotated[str | None, typer.Option(help="only this run's")] = None,
+    replayed: Annotated[bool, typer.Option(help="include those already replayed")] = False,
+    app_: AppOpt = None,
+) -> None:
+    """A table of dead letters, oldest first."""
+    _guard(
+        lambda: console.print(
+            dead_letters_table(_fleet(app_).dead_letters(run, workflow, replayed))
+        )
+    )
+
+
+@dlq_app.command("show")
+def dlq_show(letter_id: int, app_: AppOpt = None) -> None:
+    """Everything about one dead letter: input, error, traceback, attempts, times."""
+
+    def body() -> None:
+        letter = _fleet(app_).runtime.queries.dead_letter(letter_id)
+        if letter is None:
+            raise BadInput(f"unknown dead letter {letter_id}")
+        console.print(dead_letter_view(DeadLetterInfo.from_row(letter)))
+
+    _guard(body)
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    letter_id: Annotated[int | None, typer.Argument(help="the dead letter's id")] = None,
+    input_: Annotated[
+        str | None,
+        typer.Option("--input", help='new input: JSON list of arguments or {"args":…, "kwargs":…}'),
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="every outstanding dead letter")] = False,
+    workflow: Annotated[str | None, typer.Option(help="with --all: only this workflow's")] = None,
+    rate: Annotated[float, typer.Option(help="with --all: at most this many per second")] = 10.0,
+    app_: AppOpt = None,
+) -> None:
+    """Re-run a dead-lettered step with a fresh attempt budget; its run resumes there."""
+
+    def body() -> None:
+        if all_ == (letter_id is not None):
+            raise BadInput("give one dead letter id, or --all")
+        if all_ and input_ is not None:
+            raise BadInput("--input goes with one dead letter id, not --all")
+        if rate <= 0:
+            raise BadInput(f"--rate must be positive, got {rate}")
+        fleet = _fleet(app_)
+        if letter_id is not None:
+            kwargs = (
+                {} if input_ is None else {"input": codec.parse_json_arg(input_, what="--input")}
+            )
+            run = fleet.replay(letter_id, **kwargs)
+            console.print(f"replayed dead letter {letter_id}; run {run.id} resumes")
+            return
+        letters = fleet.dead_letters(workflow=workflow)
+        for i, letter in enumerate(letters):
+            if i:
+                time.sleep(1.0 / rate)
+            fleet.replay(letter.id)
+            console.print(f"replayed dead letter {letter.id} ({letter.run_id} {letter.step_id})")
+        console.print(f"{len(letters)} dead letter(s) replayed")
 
     _guard(body)
 

@@ -43,6 +43,8 @@ class Settings:
     max_payload_bytes: int = 256 * 1024
     queue: str = "fleet"
     worker_name: str = ""
+    # 0: derived from the lease (see ``visibility_timeout``).
+    visibility_timeout_seconds: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -57,6 +59,7 @@ class Settings:
             max_payload_bytes=int(_float(env, "FLEET_MAX_PAYLOAD_BYTES", cls.max_payload_bytes)),
             queue=env.get("FLEET_QUEUE") or cls.queue,
             worker_name=env.get("FLEET_WORKER_NAME", ""),
+            visibility_timeout_seconds=_float(env, "FLEET_VISIBILITY_TIMEOUT", 0.0),
         )
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -78,6 +81,12 @@ class Settings:
 
     @property
     def visibility_timeout(self) -> float:
-        # Far above the lease: redelivery by the broker is a slow backstop; the sweeper,
-        # reading leases from the store, is what recovers a lost step quickly.
+        """How long Redis keeps a delivered, unacknowledged message before redelivering it.
+
+        Far above the lease by default: redelivery by the broker is a slow backstop; the
+        sweeper, reading leases from the store, recovers a lost step quickly, and a
+        redelivery that comes anyway is dropped by the lease.
+        """
+        if self.visibility_timeout_seconds:
+            return self.visibility_timeout_seconds
         return max(3600.0, self.lease_seconds * 20)

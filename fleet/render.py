@@ -121,3 +121,50 @@ def steps_table(steps: Sequence[Any], attempts: Sequence[Any]) -> Table:
 
 def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def dead_letters_table(letters: Sequence[Any]) -> Table:
+    table = Table(title="dead letters")
+    table.add_column("id", no_wrap=True)
+    table.add_column("run", no_wrap=True)
+    for col in ("workflow", "step", "error", "attempts", "last failed", "replayed"):
+        table.add_column(col)
+    for d in letters:
+        table.add_row(
+            str(d.id),
+            d.run_id,
+            d.workflow,
+            d.step_id,
+            _clip(d.error, 60),
+            str(d.attempts),
+            ago(d.last_failed_at),
+            ago(d.replayed_at) if d.replayed_at else "-",
+        )
+    return table
+
+
+def dead_letter_view(d: Any) -> Group:
+    import json
+
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    rows = [
+        ("dead letter", str(d.id)),
+        ("run", d.run_id),
+        ("workflow", d.workflow),
+        ("step", f"{d.step_id} ({d.step_name})"),
+        ("input", json.dumps(d.input)),
+        ("error", d.error),
+        ("attempts", str(d.attempts)),
+        ("first failed", f"{_stamp(d.first_failed_at)} ({ago(d.first_failed_at)})"),
+        ("last failed", f"{_stamp(d.last_failed_at)} ({ago(d.last_failed_at)})"),
+        ("replayed", f"{_stamp(d.replayed_at)}" if d.replayed_at else "no"),
+    ]
+    for k, v in rows:
+        head.add_row(k, Text(v))
+    return Group(head, Text(d.traceback or "(no traceback: the worker was lost)", style="dim"))
+
+
+def _stamp(ts: float | None) -> str:
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from fleet.config import Settings
 from fleet.dispatch import Dispatcher
@@ -22,6 +24,7 @@ class Runtime:
     queries: Queries
     registry: Registry
     dispatcher: Dispatcher
+    dead_letter_hooks: list[Callable[[Any], Any]] = field(default_factory=list)
 
     @property
     def worker_name(self) -> str:

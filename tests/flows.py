@@ -8,7 +8,16 @@ import os
 import time
 from typing import Any
 
-from fleet import Fleet, NonRetryable, RetryPolicy, StepContext, WorkflowContext
+from fleet import (
+    DeadLetterInfo,
+    Fleet,
+    NonRetryable,
+    Retry,
+    RetryPolicy,
+    StepContext,
+    StepFailed,
+    WorkflowContext,
+)
 
 fleet = Fleet("testflows")
 celery_app = fleet.celery
@@ -132,3 +141,89 @@ def guarded(wf: WorkflowContext) -> str:
     except StepFailed as exc:
         return f"caught {exc.step_id}"
     return "unreachable"
+
+
+# --- failure policy -------------------------------------------------------------------
+
+FIXED = RetryPolicy(max_attempts=4, initial_delay=0.5, backoff=2.0, max_delay=5.0, jitter=False)
+
+
+@fleet.on_dead_letter
+def record_dead_letter(letter: DeadLetterInfo) -> None:
+    """Logs each dead letter, then fails: a broken hook must not hurt the engine."""
+    path = os.environ.get("FLEET_TEST_HOOK_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(
+                json.dumps(
+                    {
+                        "id": letter.id,
+                        "run": letter.run_id,
+                        "step": letter.step_id,
+                        "error": letter.error,
+                    }
+                )
+                + "\n"
+            )
+    raise RuntimeError("the pager is down")
+
+
+@fleet.step(retry=FIXED)
+def flaky(ctx: StepContext, failures: int) -> int:
+    """Times out on its first ``failures`` attempts."""
+    log_event(ctx, "start")
+    if ctx.attempt <= failures:
+        raise TimeoutError(f"provider timed out (attempt {ctx.attempt})")
+    return ctx.attempt
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=3, initial_delay=0.1, jitter=False))
+def crash(ctx: StepContext) -> None:
+    """Kills the process running it, every time."""
+    log_event(ctx, "start")
+    os._exit(1)
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=2, initial_delay=0.1, jitter=False))
+def maybe(ctx: StepContext, item: list[Any]) -> int:
+    """``[i, marker]``: item 3 fails until the marker file exists (the cause is fixed)."""
+    i, marker = int(item[0]), str(item[1])
+    log_event(ctx, "start", i=i)
+    if i == 3 and not os.path.exists(marker):
+        raise ValueError("upstream rejected item 3")
+    return i * 10
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=3, initial_delay=0.1, jitter=False))
+def later(ctx: StepContext, delay: float) -> int:
+    """Asks for a retry ``delay`` seconds out on its first attempt."""
+    log_event(ctx, "start")
+    if ctx.attempt == 1:
+        raise Retry(delay=delay, reason="rate limited")
+    return ctx.attempt
+
+
+@fleet.workflow(version="1")
+def retrying(wf: WorkflowContext, failures: int) -> int:
+    return int(wf.step(flaky, failures))
+
+
+@fleet.workflow(version="1")
+def crashing(wf: WorkflowContext) -> None:
+    wf.step(crash)
+
+
+@fleet.workflow(version="1")
+def refusing(wf: WorkflowContext) -> None:
+    wf.step(refuse, "permission denied")
+
+
+@fleet.workflow(version="1")
+def fanout(wf: WorkflowContext, marker: str, tolerant: bool = False) -> list[Any]:
+    outs = wf.map(maybe, [[i, marker] for i in range(5)], return_exceptions=tolerant)
+    return [o if not isinstance(o, StepFailed) else f"failed: {o.step_id}" for o in outs]
+
+
+@fleet.workflow(version="1")
+def retry_later(wf: WorkflowContext, delay: float) -> int:
+    return int(wf.step(later, delay))

@@ -70,11 +70,21 @@ class Backend:
     database_url: str
     broker_url: str
     lease_seconds: float = 2.0
+    extra_env: dict[str, str] = field(default_factory=dict)
     cleanup: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def log_path(self) -> Path:
         return self.workdir / "executions.jsonl"
+
+    @property
+    def hook_log_path(self) -> Path:
+        return self.workdir / "dead-letter-hook.jsonl"
+
+    def hook_calls(self) -> list[dict[str, Any]]:
+        if not self.hook_log_path.exists():
+            return []
+        return [json.loads(line) for line in self.hook_log_path.read_text().splitlines()]
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
@@ -85,9 +95,11 @@ class Backend:
             FLEET_SWEEP_INTERVAL="0.2",
             FLEET_SWEEP_GRACE="1.0",
             FLEET_TEST_LOG=str(self.log_path),
+            FLEET_TEST_HOOK_LOG=str(self.hook_log_path),
             PYTHONPATH=str(ROOT),
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.extra_env)
         env.update(extra)
         return env
 

@@ -86,6 +86,15 @@ class TakeRefused(StrEnum):
     EXHAUSTED = "exhausted"  # the attempt cap was spent by crashed attempts
 
 
+class ReplayRefused(StrEnum):
+    """Why a dead letter was not replayed: the zero-rows cases of ``replay_dead_letter``."""
+
+    NOT_FOUND = "no such dead letter"
+    ALREADY_REPLAYED = "already replayed"
+    RUN_FINISHED = "its run has succeeded or was cancelled"
+    STEP_NOT_DEAD = "its step is no longer dead"
+
+
 @dataclass(frozen=True)
 class Lease:
     run_id: str
@@ -431,10 +440,11 @@ class Ledger:
         error_type: str,
         error_message: str,
         traceback: str | None,
-    ) -> bool:
+    ) -> int | None:
         """running → dead (``epoch`` held), or, with ``epoch=None``, a step whose cap was
         spent by attempts that crashed: pending | due retry | expired running → dead.
-        The dead letter and the run's wake-up commit with it. False: fenced / raced."""
+        The dead letter and the run's wake-up commit with it. Returns the dead letter's
+        id; None when fenced or raced (another writer settled the step first)."""
         now = db_now()
         if epoch is None:
             guard = and_(
@@ -473,7 +483,7 @@ class Ledger:
             if row is None:
                 if epoch is not None:
                     self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
-                return False
+                return None
             first_failed = conn.execute(
                 select(attempts.c.finished_at)
                 .where(
@@ -484,8 +494,9 @@ class Ledger:
                 .order_by(attempts.c.epoch)
                 .limit(1)
             ).scalar()
-            conn.execute(
-                insert(dead_letters).values(
+            letter_id = conn.execute(
+                insert(dead_letters)
+                .values(
                     run_id=run_id,
                     step_id=step_id,
                     workflow=workflow,
@@ -498,9 +509,90 @@ class Ledger:
                     first_failed_at=first_failed if first_failed is not None else now,
                     last_failed_at=now,
                 )
-            )
+                .returning(dead_letters.c.id)
+            ).scalar_one()
             _wake(conn, run_id, self.grace)
-            return True
+            return int(letter_id)
+
+    def replay_dead_letter(self, letter_id: int, new_input: str | None) -> ReplayRefused | None:
+        """A dead letter replayed: the letter is marked (kept, not deleted), the step goes
+        dead → pending with a fresh attempt budget (its epoch keeps counting up, so no
+        old lease can match again), and a failed run goes back to running. None on
+        success; otherwise why not, with nothing written.
+
+        The first statement decides, re-checking the step and the run inside its WHERE
+        clause; the two after it cannot miss, as only a replay moves a step out of dead.
+        """
+        now = db_now()
+        letter_step = and_(
+            steps.c.run_id == dead_letters.c.run_id, steps.c.step_id == dead_letters.c.step_id
+        )
+        with self.db.begin() as conn:
+            letter = conn.execute(
+                update(dead_letters)
+                .where(
+                    dead_letters.c.id == letter_id,
+                    dead_letters.c.replayed_at.is_(None),
+                    exists().where(letter_step, steps.c.status == StepStatus.DEAD),
+                    _run_is(dead_letters.c.run_id, RunStatus.FAILED, RunStatus.RUNNING),
+                )
+                .values(replayed_at=now)
+                .returning(dead_letters.c.run_id, dead_letters.c.step_id)
+            ).first()
+            if letter is None:
+                return self._why_not_replayed(conn, letter_id)
+            run_id, step_id = letter
+            values: dict[str, Any] = {
+                "status": StepStatus.PENDING,
+                "attempts": 0,
+                "error": None,
+                "finished_at": None,
+                "redispatch_at": now + self.grace,
+                "dispatches": 0,
+            }
+            if new_input is not None:
+                values["input"] = new_input
+            conn.execute(
+                update(steps)
+                .where(_step(run_id, step_id), steps.c.status == StepStatus.DEAD)
+                .values(**values)
+            )
+            conn.execute(
+                update(runs)
+                .where(
+                    runs.c.id == run_id, runs.c.status.in_([RunStatus.FAILED, RunStatus.RUNNING])
+                )
+                .values(
+                    status=RunStatus.RUNNING,
+                    error=None,
+                    result=None,
+                    finished_at=None,
+                    updated_at=now,
+                )
+            )
+            return None
+
+    def _why_not_replayed(self, conn: Connection, letter_id: int) -> ReplayRefused:
+        row = conn.execute(
+            select(dead_letters.c.replayed_at, steps.c.status.label("step_status"))
+            .select_from(
+                dead_letters.join(
+                    steps,
+                    and_(
+                        steps.c.run_id == dead_letters.c.run_id,
+                        steps.c.step_id == dead_letters.c.step_id,
+                    ),
+                )
+            )
+            .where(dead_letters.c.id == letter_id)
+        ).first()
+        if row is None:
+            return ReplayRefused.NOT_FOUND
+        if row.replayed_at is not None:
+            return ReplayRefused.ALREADY_REPLAYED
+        if row.step_status != StepStatus.DEAD:
+            return ReplayRefused.STEP_NOT_DEAD
+        return ReplayRefused.RUN_FINISHED
 
     def add_usage(
         self,

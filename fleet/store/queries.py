@@ -85,12 +85,25 @@ class Queries:
         with self.db.begin() as conn:
             return {kind: int(n) for kind, n in conn.execute(stmt).all()}
 
-    def dead_letters(self, run_id: str | None = None) -> Sequence[Row[Any]]:
+    def dead_letters(
+        self,
+        run_id: str | None = None,
+        workflow: str | None = None,
+        include_replayed: bool = True,
+    ) -> Sequence[Row[Any]]:
         stmt = select(dead_letters).order_by(dead_letters.c.id)
         if run_id is not None:
             stmt = stmt.where(dead_letters.c.run_id == run_id)
+        if workflow is not None:
+            stmt = stmt.where(dead_letters.c.workflow == workflow)
+        if not include_replayed:
+            stmt = stmt.where(dead_letters.c.replayed_at.is_(None))
         with self.db.begin() as conn:
             return conn.execute(stmt).all()
+
+    def dead_letter(self, letter_id: int) -> Row[Any] | None:
+        with self.db.begin() as conn:
+            return conn.execute(select(dead_letters).where(dead_letters.c.id == letter_id)).first()
 
     def now(self) -> float:
         with self.db.begin() as conn:
