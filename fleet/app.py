@@ -348,6 +348,9 @@ def make_celery(name: str, settings: Settings) -> Celery:
             "interval_max": 1.0,
         },
         worker_hijack_root_logger=False,
+        # A prefork child that died holds its pool slot this long before Celery gives
+        # up on it (default 10 s); the store already knows the attempt was lost.
+        worker_lost_wait=2.0,
         worker_send_task_events=True,
         task_send_sent_event=False,
         enable_utc=True,
