@@ -12,6 +12,8 @@ from fleet.errors import (
     RunFailed,
     StepFailed,
     StoreUnavailable,
+    UnknownRun,
+    UnknownWorkflow,
     WaitTimeout,
 )
 from fleet.policy import RetryPolicy
@@ -35,6 +37,8 @@ __all__ = [
     "StepFailed",
     "StepInfo",
     "StoreUnavailable",
+    "UnknownRun",
+    "UnknownWorkflow",
     "WaitTimeout",
     "WorkflowContext",
 ]

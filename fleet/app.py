@@ -17,7 +17,7 @@ from fleet.dispatch import Dispatcher
 from fleet.errors import BadInput, RunFailed, StoreUnavailable, UnknownRun, WaitTimeout
 from fleet.policy import RetryPolicy
 from fleet.records import DeadLetterInfo, StepInfo
-from fleet.registry import Registry, StepDef, WorkflowDef
+from fleet.registry import Registry, StepDef, WorkflowDef, check_name
 from fleet.replay import step_shadow
 from fleet.runtime import Runtime
 from fleet.states import RunStatus
@@ -292,8 +292,24 @@ class Fleet:
         return RunHandle(self, letter.run_id)
 
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
+        """Cancel a live run: no new step starts, a running step's lease is revoked (its
+        commit is fenced), a waiting run stops waiting. False if it had already ended."""
         self.run(run_id)
         return self.runtime.ledger.cancel_run(run_id, reason)
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> None:
+        """Send ``payload`` to the run's ``wf.wait_for(name)``: now, or kept until it waits.
+        Raises ``UnknownRun``, or ``BadInput`` if the run has ended."""
+        check_name(name, "signal")
+        row = self.run(run_id)._row()
+        text = codec.encode(
+            payload, what=f"payload of signal {name}", limit=self.settings.max_payload_bytes
+        )
+        if self.runtime.ledger.add_signal(run_id, name, text) is None:
+            status = (self.runtime.queries.run(run_id) or row).status
+            raise BadInput(f"run {run_id} is {status}: a signal can only go to a live run")
+        if self.runtime.ledger.deliver_signals(run_id):
+            self.runtime.dispatcher.advance(run_id, row.queue)
 
 
 def broker_folders(folder: Path) -> tuple[Path, Path, Path]:

@@ -279,6 +279,41 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+@app.command("signal")
+def signal_(
+    run_id: str,
+    name: str,
+    data: Annotated[str | None, typer.Option(help="the payload, as JSON")] = None,
+    app_: AppOpt = None,
+) -> None:
+    """Send a signal to a run's wait_for(NAME): now, or kept until it waits."""
+
+    def body() -> None:
+        payload = None if data is None else codec.parse_json_arg(data, what="--data")
+        _fleet(app_).signal(run_id, name, payload)
+        console.print(f"signal {name!r} sent to run {run_id}")
+
+    _guard(body)
+
+
+@app.command()
+def cancel(
+    run_id: str,
+    reason: Annotated[str, typer.Option(help="recorded with the run")] = "cancelled from the CLI",
+    app_: AppOpt = None,
+) -> None:
+    """Cancel a run: no new step starts, a running step's commit is fenced."""
+
+    def body() -> int:
+        if _fleet(app_).cancel(run_id, reason):
+            console.print(f"run {run_id} cancelled")
+            return 0
+        err.print(f"run {run_id} had already ended; nothing changed")
+        return 1
+
+    raise typer.Exit(_guard(body))
+
+
 @db_app.command("upgrade")
 def db_upgrade(app_: AppOpt = None) -> None:
     """Create or migrate the schema to the newest revision."""

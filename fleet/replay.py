@@ -13,13 +13,15 @@ import random
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.engine import Row
 
 from fleet import codec
 from fleet.errors import FleetError, NonDeterminism, PayloadError, StepFailed
-from fleet.registry import StepDef
+from fleet.registry import StepDef, check_name
 from fleet.runtime import Runtime
 from fleet.states import Incident, RunStatus, StepKind, StepStatus
 from fleet.store.ledger import NewStep
@@ -36,6 +38,12 @@ class _Suspend(BaseException):
     the replay driver is its only catcher. Unwinding is how a replay that must wait
     leaves the workflow function without running any code past that point.
     """
+
+
+def _seconds(value: timedelta | float | None) -> float | None:
+    if value is None:
+        return None
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
 def step_shadow(workflow: str, step_id: str) -> str:
@@ -57,6 +65,7 @@ class WorkflowContext:
         self._counts: dict[str, int] = {}
         self._seen: set[str] = set()
         self.to_dispatch: list[str] = []
+        self.waiting = False  # the replay stopped at a wait_for or a sleep
 
     # --- the public surface -----------------------------------------------------
 
@@ -108,6 +117,20 @@ class WorkflowContext:
                     raise
                 results.append(exc)
         return results
+
+    def wait_for(self, name: str, timeout: timedelta | float | None = None) -> Any:
+        """Suspend the run until a signal called ``name`` arrives (its payload is
+        returned) or ``timeout`` passes (None is returned). No worker is held meanwhile;
+        a signal sent before the wait is kept for it."""
+        check_name(name, "signal")
+        return self._wait(f"wait:{name}", {"signal": name}, _seconds(timeout))
+
+    def sleep(self, seconds: timedelta | float) -> None:
+        """A durable timer: the run sleeps in the store and any worker wakes it."""
+        delay = _seconds(seconds)
+        if delay is None or delay < 0:
+            raise ValueError("sleep needs a non-negative duration")
+        self._wait("sleep", {}, delay)
 
     def now(self) -> float:
         """The wall-clock time, recorded: replays see the first value."""
@@ -163,10 +186,7 @@ class WorkflowContext:
         """Record steps the replay reached past the end of the history. ``_expect``
         reserved their positions in call order, so they are the last ``len(new)``."""
         start = self._pos - len(new)
-        positioned = [
-            NewStep(s.step_id, start + i, s.name, s.kind, s.input, s.max_attempts, s.output)
-            for i, s in enumerate(new)
-        ]
+        positioned = [replace(s, seq=start + i) for i, s in enumerate(new)]
         self._rt.ledger.record_steps(self.run_id, positioned)
         self.to_dispatch.extend(s.step_id for s in positioned if s.kind == StepKind.TASK)
 
@@ -176,6 +196,20 @@ class WorkflowContext:
             return codec.decode(rec.output)
         if status == StepStatus.DEAD:
             raise StepFailed(rec.step_id, rec.error or "dead-lettered", rec.attempts)
+        raise _Suspend
+
+    def _wait(self, name: str, spec: dict[str, Any], delay: float | None) -> Any:
+        step_id = self._positional(name)
+        rec = self._expect(step_id, name)
+        if rec is None:
+            payload = codec.encode({**spec, "timeout": delay}, what=step_id, limit=1024)
+            self._record([NewStep(step_id, -1, name, StepKind.WAIT, payload, 1, delay=delay)])
+            # A signal that came before this wait is waiting for it already.
+            if name.startswith("wait:") and self._rt.ledger.deliver_signals(self.run_id):
+                rec = self._rt.queries.step(self.run_id, step_id)
+        if rec is not None and rec.status == StepStatus.DONE:
+            return codec.decode(rec.output)
+        self.waiting = True
         raise _Suspend
 
     def _value(self, name: str, make: Callable[[], Any]) -> Any:
@@ -203,8 +237,8 @@ def advance(rt: Runtime, run_id: str) -> None:
         log.warning("advance for unknown run %r dropped", run_id)
         return
     status = RunStatus(run.status)
-    if status not in (RunStatus.QUEUED, RunStatus.RUNNING):
-        return
+    if status not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING):
+        return  # finished, cancelled, or parked for a person's decision
     wf = rt.registry.workflows.get(run.workflow)
     if wf is None or wf.version != run.version:
         have = f"version {wf.version}" if wf else "no such workflow"
@@ -218,6 +252,8 @@ def advance(rt: Runtime, run_id: str) -> None:
         return
     if status == RunStatus.QUEUED:
         rt.ledger.start_run(run_id)
+    elif status == RunStatus.WAITING:
+        rt.ledger.resume_run(run_id)
     history = rt.queries.steps(run_id)
     ctx = WorkflowContext(rt, run, history)
     call = codec.decode(run.args)
@@ -240,6 +276,8 @@ def advance(rt: Runtime, run_id: str) -> None:
             result, what=f"result of run {run_id}", limit=rt.settings.max_payload_bytes
         )
     except _Suspend:
+        if ctx.waiting:
+            rt.ledger.set_waiting(run_id)
         rt.ledger.mark_advanced(run_id, run.wake_seq)
         return
     except NonDeterminism as exc:

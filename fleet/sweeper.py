@@ -1,4 +1,4 @@
-"""Re-derives lost wake-ups from the store alone.
+"""Re-derives lost wake-ups from the store alone, and fires due timers.
 
 The broker is a hint: any message may be lost (FLUSHALL, a restart without
 persistence, the filesystem transport's worker dying mid-delivery). Each tick claims,
@@ -24,6 +24,7 @@ log = logging.getLogger("fleet.sweeper")
 class SweepResult:
     steps: int = 0
     runs: int = 0
+    timers: int = 0
 
 
 def sweep_once(rt: Runtime) -> SweepResult:
@@ -31,11 +32,19 @@ def sweep_once(rt: Runtime) -> SweepResult:
     for run_id, step_id, queue, workflow in rt.ledger.claim_stalled_steps():
         rt.dispatcher.execute(run_id, step_id, queue, shadow=step_shadow(workflow, step_id))
         result.steps += 1
+    for run_id, queue in rt.ledger.fire_due_waits():
+        rt.dispatcher.advance(run_id, queue)
+        result.timers += 1
     for run_id, queue in rt.ledger.claim_stalled_runs():
         rt.dispatcher.advance(run_id, queue)
         result.runs += 1
-    if result.steps or result.runs:
-        log.info("sweeper re-sent %d step and %d run wake-up(s)", result.steps, result.runs)
+    if result.steps or result.runs or result.timers:
+        log.info(
+            "sweeper re-sent %d step and %d run wake-up(s); %d timer(s) fired",
+            result.steps,
+            result.runs,
+            result.timers,
+        )
     return result
 
 

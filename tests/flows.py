@@ -227,3 +227,35 @@ def fanout(wf: WorkflowContext, marker: str, tolerant: bool = False) -> list[Any
 @fleet.workflow(version="1")
 def retry_later(wf: WorkflowContext, delay: float) -> int:
     return int(wf.step(later, delay))
+
+
+# --- waiting ----------------------------------------------------------------------------
+
+
+@fleet.workflow(version="1")
+def approval(wf: WorkflowContext, timeout: float | None = None) -> dict[str, Any]:
+    """work, then wait for a person's approval (or the timeout), then work again."""
+    wf.step(work, 1)
+    decision = wf.wait_for("approval", timeout=timeout)
+    if decision and decision.get("approved"):
+        wf.step(work, 2)
+    return {"decision": decision}
+
+
+@fleet.workflow(version="1")
+def inbox(wf: WorkflowContext, n: int) -> list[Any]:
+    """Consume n signals named "msg", in order; a slow step first, so signals can
+    arrive before the first wait."""
+    wf.step(work, 0, 1.0)
+    return [wf.wait_for("msg") for _ in range(n)]
+
+
+@fleet.workflow(version="1")
+def napper(wf: WorkflowContext, seconds: float) -> float:
+    """work, a durable sleep, work; returns how long the sleep took by recorded clocks."""
+    wf.step(work, 1)
+    before = wf.now()
+    wf.sleep(seconds)
+    after = wf.now()
+    wf.step(work, 2)
+    return after - before

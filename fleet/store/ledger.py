@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import and_, exists, insert, or_, select, update
+from sqlalchemy import and_, exists, insert, literal, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from fleet.states import AttemptOutcome, Incident, RunStatus, StepKind, StepStatus
 from fleet.store.engine import Database, db_now
-from fleet.store.schema import attempts, dead_letters, incidents, runs, steps
+from fleet.store.schema import attempts, dead_letters, incidents, runs, signals, steps
 
 log = logging.getLogger("fleet.ledger")
 
@@ -115,6 +115,14 @@ class NewStep:
     input: str
     max_attempts: int
     output: str | None = None
+    delay: float | None = None  # wait steps: settle by themselves after this many seconds
+
+
+class _Rollback(Exception):
+    """Undo a savepoint whose second write found the row already settled."""
+
+
+_LIVE_RUN = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION)
 
 
 class Ledger:
@@ -191,32 +199,150 @@ class Ledger:
             )
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
-        """Any live state → cancelled. No step of a cancelled run can take a lease
-        (``take_lease`` checks the run), and no advance replays it."""
+        """Any live state → cancelled. Leases of running steps are revoked in the same
+        transaction (epoch+1), so their commits are fenced and their heartbeats fail;
+        no step of a cancelled run can take a lease, and no advance replays it."""
+        now = db_now()
+        with self.db.begin() as conn:
+            cancelled = conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.status.in_(list(_LIVE_RUN)))
+                .values(
+                    status=RunStatus.CANCELLED,
+                    error=f"cancelled: {reason}",
+                    finished_at=now,
+                    updated_at=now,
+                )
+            ).rowcount
+            if cancelled != 1:
+                return False
+            conn.execute(
+                update(steps)
+                .where(steps.c.run_id == run_id, steps.c.status == StepStatus.RUNNING)
+                .values(
+                    status=StepStatus.PENDING,
+                    epoch=steps.c.epoch + 1,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                )
+            )
+            return True
+
+    def set_waiting(self, run_id: str) -> bool:
+        """running → waiting: the replay stopped at a wait and no worker is held."""
+        return self._move_run(run_id, RunStatus.RUNNING, RunStatus.WAITING)
+
+    def resume_run(self, run_id: str) -> bool:
+        """waiting → running, before a replay acts on a signal or a timer."""
+        return self._move_run(run_id, RunStatus.WAITING, RunStatus.RUNNING)
+
+    def _move_run(self, run_id: str, expected: RunStatus, new: RunStatus) -> bool:
         with self.db.begin() as conn:
             return (
                 conn.execute(
                     update(runs)
-                    .where(
-                        runs.c.id == run_id,
-                        runs.c.status.in_(
-                            [
-                                RunStatus.QUEUED,
-                                RunStatus.RUNNING,
-                                RunStatus.WAITING,
-                                RunStatus.NEEDS_DECISION,
-                            ]
-                        ),
-                    )
-                    .values(
-                        status=RunStatus.CANCELLED,
-                        error=f"cancelled: {reason}",
-                        finished_at=db_now(),
-                        updated_at=db_now(),
-                    )
+                    .where(runs.c.id == run_id, runs.c.status == expected)
+                    .values(status=new, updated_at=db_now())
                 ).rowcount
                 == 1
             )
+
+    # --- signals and timers -------------------------------------------------------
+
+    def add_signal(self, run_id: str, name: str, payload: str) -> int | None:
+        """Keep a signal for the run's waits; None if the run is not live (anymore)."""
+        now = db_now()
+        with self.db.begin() as conn:
+            row = conn.execute(
+                insert(signals)
+                .from_select(
+                    ["run_id", "name", "payload", "created_at"],
+                    select(literal(run_id), literal(name), literal(payload), now).where(
+                        _run_is(run_id, *_LIVE_RUN)
+                    ),
+                )
+                .returning(signals.c.id)
+            ).first()
+            return None if row is None else int(row[0])
+
+    def deliver_signals(self, run_id: str) -> int:
+        """Hand each pending wait of the run the oldest unconsumed signal of its name,
+        earliest wait first, so two signals of one name are consumed in order. Each
+        hand-over is two conditional writes in one savepoint: the signal is consumed
+        only if the wait was still pending. Returns how many waits were settled."""
+        now = db_now()
+        delivered = 0
+        with self.db.begin() as conn:
+            waits = conn.execute(
+                select(steps.c.step_id, steps.c.name)
+                .where(
+                    steps.c.run_id == run_id,
+                    steps.c.kind == StepKind.WAIT,
+                    steps.c.status == StepStatus.PENDING,
+                    steps.c.name.like("wait:%"),
+                )
+                .order_by(steps.c.seq)
+            ).all()
+            for step_id, wait_name in waits:
+                signal = conn.execute(
+                    select(signals.c.id, signals.c.payload)
+                    .where(
+                        signals.c.run_id == run_id,
+                        signals.c.name == wait_name[len("wait:") :],
+                        signals.c.consumed_at.is_(None),
+                    )
+                    .order_by(signals.c.id)
+                    .limit(1)
+                ).first()
+                if signal is None:
+                    continue
+                try:
+                    with conn.begin_nested():
+                        if not conn.execute(
+                            update(signals)
+                            .where(signals.c.id == signal.id, signals.c.consumed_at.is_(None))
+                            .values(consumed_by=step_id, consumed_at=now)
+                        ).rowcount:
+                            raise _Rollback
+                        if not conn.execute(
+                            update(steps)
+                            .where(_step(run_id, step_id), steps.c.status == StepStatus.PENDING)
+                            .values(status=StepStatus.DONE, output=signal.payload, finished_at=now)
+                        ).rowcount:
+                            raise _Rollback
+                except _Rollback:
+                    continue  # a concurrent delivery or the timeout got there first
+                delivered += 1
+            if delivered:
+                _wake(conn, run_id, self.grace)
+        return delivered
+
+    def fire_due_waits(self, limit: int = 500) -> list[tuple[str, str]]:
+        """Settle waits and sleeps whose due time has come (a wait's timeout returns
+        None) and wake their runs. Returns (run_id, queue) of each woken run."""
+        now = db_now()
+        due = and_(
+            steps.c.kind == StepKind.WAIT,
+            steps.c.status == StepStatus.PENDING,
+            steps.c.due_at <= now,
+            _run_is(steps.c.run_id, RunStatus.RUNNING, RunStatus.WAITING),
+        )
+        with self.db.begin() as conn:
+            keys = conn.execute(
+                select(steps.c.run_id, steps.c.step_id).where(due).limit(limit)
+            ).all()
+            woken: dict[str, str] = {}
+            for run_id, step_id in keys:
+                if conn.execute(
+                    update(steps)
+                    .where(_step(run_id, step_id), due)
+                    .values(status=StepStatus.DONE, output="null", finished_at=now)
+                ).rowcount:
+                    _wake(conn, run_id, self.grace)
+                    woken[run_id] = conn.execute(
+                        select(runs.c.queue).where(runs.c.id == run_id)
+                    ).scalar_one()
+            return list(woken.items())
 
     def mark_advanced(self, run_id: str, seq: int) -> None:
         """Record that a replay has seen every wake-up up to ``seq``. Zero rows: a later
@@ -250,7 +376,8 @@ class Ledger:
                 "dispatches": 0,
                 "created_at": now,
                 # The advance sends the wake-up itself; the sweeper steps in after grace.
-                "redispatch_at": now + self.grace,
+                "redispatch_at": now + self.grace if s.kind == StepKind.TASK else None,
+                "due_at": now + s.delay if s.delay is not None else None,
                 "finished_at": now if s.kind == StepKind.VALUE else None,
             }
             for s in new
@@ -688,7 +815,7 @@ class Ledger:
         their re-send time. Returns (run_id, queue)."""
         now = db_now()
         due = and_(
-            runs.c.status.in_([RunStatus.QUEUED, RunStatus.RUNNING]),
+            runs.c.status.in_([RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING]),
             runs.c.advanced_seq < runs.c.wake_seq,
             or_(runs.c.redispatch_at.is_(None), runs.c.redispatch_at <= now),
         )

@@ -9,7 +9,15 @@ from __future__ import annotations
 from sqlalchemy import CheckConstraint, Column, Float, Index, Integer, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from fleet.states import AttemptOutcome, Incident, RunStatus, StepKind, StepStatus, check_constraint
+from fleet.states import (
+    AttemptOutcome,
+    Incident,
+    IntentOutcome,
+    RunStatus,
+    StepKind,
+    StepStatus,
+    check_constraint,
+)
 
 metadata = SQLModel.metadata
 
@@ -135,8 +143,55 @@ class IncidentRow(SQLModel, table=True):
     at: float = Field(sa_column=Column(Float, nullable=False))
 
 
+class Intent(SQLModel, table=True):
+    """Write-ahead intent of an effect step: committed before the body runs."""
+
+    __tablename__ = "fleet_intents"
+    __table_args__ = (
+        CheckConstraint(check_constraint("outcome", IntentOutcome), name="ck_intents_outcome"),
+    )
+
+    run_id: str = Field(primary_key=True, max_length=200)
+    step_id: str = Field(primary_key=True, max_length=300)
+    epoch: int = Field(primary_key=True)
+    idempotency_key: str = Field(max_length=501)
+    input_hash: str = Field(max_length=64)
+    outcome: str = Field(max_length=20)
+    created_at: float = Field(sa_column=Column(Float, nullable=False))
+    settled_at: float | None = Field(default=None, sa_column=Column(Float))
+
+
+class Signal(SQLModel, table=True):
+    """An event sent to a run; kept until a wait_for of the same name consumes it."""
+
+    __tablename__ = "fleet_signals"
+    __table_args__ = (Index("ix_signals_run_name", "run_id", "name"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(max_length=200)
+    name: str = Field(max_length=200)
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: float = Field(sa_column=Column(Float, nullable=False))
+    consumed_by: str | None = Field(default=None, max_length=300)
+    consumed_at: float | None = Field(default=None, sa_column=Column(Float))
+
+
+class Blob(SQLModel, table=True):
+    """A large input or output, stored once by content hash and referenced."""
+
+    __tablename__ = "fleet_blobs"
+
+    digest: str = Field(primary_key=True, max_length=64)
+    size: int
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: float = Field(sa_column=Column(Float, nullable=False))
+
+
 runs = Run.__table__  # type: ignore[attr-defined]
 steps = Step.__table__  # type: ignore[attr-defined]
 attempts = StepAttempt.__table__  # type: ignore[attr-defined]
 dead_letters = DeadLetter.__table__  # type: ignore[attr-defined]
 incidents = IncidentRow.__table__  # type: ignore[attr-defined]
+intents = Intent.__table__  # type: ignore[attr-defined]
+signals = Signal.__table__  # type: ignore[attr-defined]
+blobs = Blob.__table__  # type: ignore[attr-defined]

@@ -1,0 +1,137 @@
+"""Invariant 7: waiting holds no worker. Approvals, signals, timers and cancel, on real
+workers over both backends."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from fleet import BadInput, Fleet, RunFailed, UnknownRun
+from fleet.states import StepKind
+from fleet.store.ledger import NewStep
+from tests.e2e.test_cli import fleet_cli
+from tests.harness import Backend, Cluster, find_event, poll, starts
+
+
+def test_an_approval_holds_no_worker_and_survives_restarts(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    first = cluster.worker("w1", concurrency=1)  # one slot: a held worker would block all
+    run = client.enqueue("approval")
+    poll(lambda: run.status() == "waiting", 30, "the run to wait for its approval")
+    others = [client.enqueue("chain", 3) for _ in range(3)]
+    assert [o.wait(timeout=60) for o in others] == [5, 5, 5], "the one slot stayed free"
+    first.signal(signal.SIGKILL)  # a redeploy while it waits
+    cluster.worker("w2", concurrency=1)
+    assert run.status() == "waiting"
+
+    out = fleet_cli(backend, "signal", run.id, "approval", "--data", '{"approved": true}')
+    assert out.returncode == 0, out.stderr
+    assert run.wait(timeout=60) == {"decision": {"approved": True}}
+    assert starts(backend, run.id) == {"work#1": 1, "work#2": 1}
+
+
+def test_signals_before_the_wait_are_kept_and_consumed_in_order(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    cluster.worker("w1")
+    run = client.enqueue("inbox", 2)
+    client.signal(run.id, "msg", {"n": 1})  # before the first wait: work#1 takes 1 s
+    client.signal(run.id, "msg", {"n": 2})
+    assert run.wait(timeout=60) == [{"n": 1}, {"n": 2}]
+
+
+def test_a_wait_times_out_with_none(backend: Backend, client: Fleet, cluster: Cluster) -> None:
+    cluster.worker("w1")
+    cluster.sweeper()
+    run = client.enqueue("approval", 1.0)
+    assert run.wait(timeout=60) == {"decision": None}
+    assert starts(backend, run.id) == {"work#1": 1}
+
+
+def test_signalling_an_ended_or_unknown_run_is_a_clear_error(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    cluster.worker("w1")
+    run = client.enqueue("chain", 1)
+    run.wait(timeout=60)
+    with pytest.raises(BadInput, match="is succeeded: a signal can only go to a live run"):
+        client.signal(run.id, "approval", {})
+    with pytest.raises(UnknownRun, match="unknown run id 'nope'"):
+        client.signal("nope", "approval", {})
+    out = fleet_cli(backend, "signal", "nope", "approval", "--data", "{bad")
+    assert out.returncode == 2 and "--data is not JSON" in out.stderr
+
+
+def test_concurrent_deliveries_resume_exactly_once(client: Fleet) -> None:
+    ledger = client.runtime.ledger
+    assert ledger.create_run("r", "approval", "1", "{}", '{"args":[],"kwargs":{}}', "fleet")
+    assert ledger.start_run("r")
+    ledger.record_steps("r", [NewStep("wait:go#1", 0, "wait:go", StepKind.WAIT, "{}", 1)])
+    for i in range(3):
+        assert ledger.add_signal("r", "go", f'{{"i":{i}}}')
+    delivered: list[int] = []
+    barrier = threading.Barrier(6)
+
+    def deliver() -> None:
+        barrier.wait()
+        delivered.append(ledger.deliver_signals("r"))
+
+    threads = [threading.Thread(target=deliver) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sum(delivered) == 1, "one wait, one resumption"
+    step = client.runtime.queries.step("r", "wait:go#1")
+    assert step is not None and step.output == '{"i":0}', "the oldest signal first"
+
+
+def test_sleep_survives_a_worker_restart(backend: Backend, client: Fleet, cluster: Cluster) -> None:
+    first = cluster.worker("w1")
+    cluster.sweeper()
+    run = client.enqueue("napper", 3.0)
+    poll(lambda: run.status() == "waiting", 30, "the run to go to sleep")
+    first.signal(signal.SIGKILL)
+    cluster.worker("w2")
+    slept = run.wait(timeout=60)
+    assert slept >= 3.0 - 0.05
+    assert starts(backend, run.id) == {"work#1": 1, "work#2": 1}
+
+
+def test_cancel_a_running_a_waiting_and_a_queued_run(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    queued = client.enqueue("chain", 2)  # no worker yet: it stays queued
+    assert client.cancel(queued.id, "no longer needed")
+    cluster.worker("w1")
+    cluster.sweeper()
+    waiting = client.enqueue("approval")
+    running = client.enqueue("chain", 3, 0.0, 0, 4.0)  # work#1 holds its first attempt 4 s
+    poll(lambda: waiting.status() == "waiting", 30, "a waiting run")
+    poll(lambda: find_event(backend, running.id, "work#1", "start"), 30, "a running step")
+    out = fleet_cli(backend, "cancel", waiting.id, "--reason", "changed my mind")
+    assert out.returncode == 0, out.stderr
+    assert client.cancel(running.id, "over budget")
+
+    for handle, reason in (
+        (queued, "no longer needed"),
+        (waiting, "changed my mind"),
+        (running, "over budget"),
+    ):
+        with pytest.raises(RunFailed, match=f"cancelled: {reason}"):
+            handle.wait(timeout=5)
+    # The running step finished its work, but its commit was fenced and nothing followed.
+    poll(
+        lambda: any(a.outcome == "fenced" for a in client.runtime.queries.attempts(running.id)),
+        30,
+        "the cancelled step's commit to be fenced",
+    )
+    assert starts(backend, running.id) == {"work#1": 1}
+    assert starts(backend, queued.id) == {}
+    with pytest.raises(BadInput, match="a signal can only go to a live run"):
+        client.signal(waiting.id, "approval", {"approved": True})
+    again = fleet_cli(backend, "cancel", waiting.id)
+    assert again.returncode == 1 and "already ended" in again.stderr
