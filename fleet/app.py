@@ -297,6 +297,28 @@ class Fleet:
         self.run(run_id)
         return self.runtime.ledger.cancel_run(run_id, reason)
 
+    def resolve(self, run_id: str, step_id: str, output: Any = _UNSET, retry: bool = False) -> None:
+        """Settle an in-doubt effect of a run in ``needs_decision``: ``output=...`` says it
+        happened and what it returned; ``retry=True`` orders it run again (same key)."""
+        if (output is _UNSET) == (not retry):
+            raise BadInput("resolve takes either output=... or retry=True")
+        row = self.run(run_id)._row()
+        text = None
+        if output is not _UNSET:
+            text = codec.encode(
+                output, what=f"output of step {step_id}", limit=self.settings.max_payload_bytes
+            )
+        if not self.runtime.ledger.resolve(run_id, step_id, text):
+            raise BadInput(
+                f"step {step_id!r} of run {run_id} is not an effect in doubt (run is {row.status})"
+            )
+        if retry:
+            self.runtime.dispatcher.execute(
+                run_id, step_id, row.queue, shadow=step_shadow(row.workflow, step_id)
+            )
+        else:
+            self.runtime.dispatcher.advance(run_id, row.queue)
+
     def signal(self, run_id: str, name: str, payload: Any = None) -> None:
         """Send ``payload`` to the run's ``wf.wait_for(name)``: now, or kept until it waits.
         Raises ``UnknownRun``, or ``BadInput`` if the run has ended."""

@@ -6,9 +6,12 @@ sequences them and talks to the user's step function.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import traceback
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from fleet import codec
@@ -18,7 +21,7 @@ from fleet.records import DeadLetterInfo
 from fleet.registry import StepDef
 from fleet.replay import advance, step_shadow
 from fleet.runtime import Runtime
-from fleet.states import Incident
+from fleet.states import Incident, IntentOutcome
 from fleet.store.ledger import Lease, TakeRefused
 
 log = logging.getLogger("fleet.attempt")
@@ -160,18 +163,25 @@ def execute(rt: Runtime, run_id: str, step_id: str) -> None:
         lease.epoch,
         owner,
     )
+    earlier: IntentOutcome | None = None
     with Heartbeat(rt, lease) as hb:
         ctx = StepContext(rt, lease, hb)
+        what = f"output of step {step_id}"
+        limit = rt.settings.max_payload_bytes
         try:
-            call = codec.decode(lease.input)
-            output = sd.fn(ctx, *call["args"], **call["kwargs"])
-            encoded = codec.encode(
-                output, what=f"output of step {step_id}", limit=rt.settings.max_payload_bytes
-            )
+            gate = _effect_gate(rt, sd, lease, ctx) if sd.effect else _Gate.RUN
+            if gate is _Gate.STOP:
+                return
+            if isinstance(gate, _Reconciled):
+                encoded, earlier = codec.encode(gate.output, what=what, limit=limit), gate.settles
+            else:
+                call = codec.decode(lease.input)
+                output = sd.fn(ctx, *call["args"], **call["kwargs"])
+                encoded = codec.encode(output, what=what, limit=limit)
         except Exception as exc:
             _failed(rt, run, sd, lease, exc)
             return
-    if rt.ledger.commit_output(run_id, step_id, lease.epoch, encoded):
+    if rt.ledger.commit_output(run_id, step_id, lease.epoch, encoded, earlier_intents=earlier):
         _advance_now(rt, run)
     else:
         log.warning(
@@ -181,6 +191,48 @@ def execute(rt: Runtime, run_id: str, step_id: str) -> None:
             run_id,
             lease.epoch,
         )
+
+
+class _Gate(Enum):
+    RUN = "run the body"
+    STOP = "do not run the body"
+
+
+@dataclass(frozen=True)
+class _Reconciled:
+    output: Any
+    settles: IntentOutcome = IntentOutcome.RECONCILED
+
+
+def _effect_gate(rt: Runtime, sd: StepDef, lease: Lease, ctx: StepContext) -> _Gate | _Reconciled:
+    """Before an effect's body runs: settle what earlier attempts may have done, then
+    write this attempt's intent. Never retries an effect on a guess."""
+    run_id, step_id = lease.run_id, lease.step_id
+    if rt.queries.in_doubt(run_id, step_id, before_epoch=lease.epoch):
+        if sd.reconcile_fn is not None:
+            found = sd.reconcile_fn(ctx)
+            if found is not None:
+                log.info("effect %s of run %s: reconcile found it happened", step_id, run_id)
+                return _Reconciled(found)
+            log.info("effect %s of run %s: reconcile found it did not happen", step_id, run_id)
+        elif not sd.idempotent:
+            if rt.ledger.park_in_doubt(run_id, step_id, lease.epoch):
+                log.warning(
+                    "effect %s of run %s may have acted in an earlier attempt; the run needs "
+                    "a decision: fleet resolve %s %s (--output JSON | --retry)",
+                    step_id,
+                    run_id,
+                    run_id,
+                    step_id,
+                )
+            return _Gate.STOP
+        if not rt.ledger.supersede_intents(run_id, step_id, lease.epoch):
+            return _Gate.STOP
+    input_hash = hashlib.sha256(lease.input.encode()).hexdigest()
+    if not rt.ledger.write_intent(run_id, step_id, lease.epoch, ctx.idempotency_key, input_hash):
+        log.warning("effect %s of run %s lost its lease before acting", step_id, run_id)
+        return _Gate.STOP
+    return _Gate.RUN
 
 
 def _refused(rt: Runtime, run: Any, step_id: str, why: TakeRefused, owner: str) -> None:

@@ -213,7 +213,14 @@ def status(
             )
         else:
             console.print(
-                run_view(run, steps, attempts, q.usage(run_id), q.incident_counts(run_id))
+                run_view(
+                    run,
+                    steps,
+                    attempts,
+                    q.usage(run_id),
+                    q.incident_counts(run_id),
+                    q.intents(run_id),
+                )
             )
         return 1 if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else 0
 
@@ -292,6 +299,33 @@ def signal_(
         payload = None if data is None else codec.parse_json_arg(data, what="--data")
         _fleet(app_).signal(run_id, name, payload)
         console.print(f"signal {name!r} sent to run {run_id}")
+
+    _guard(body)
+
+
+@app.command()
+def resolve(
+    run_id: str,
+    step_id: str,
+    output: Annotated[
+        str | None, typer.Option(help="it happened; this is what it returned (JSON)")
+    ] = None,
+    retry: Annotated[bool, typer.Option(help="it did not happen: run it again, same key")] = False,
+    app_: AppOpt = None,
+) -> None:
+    """Settle an in-doubt effect of a run that needs a decision."""
+
+    def body() -> None:
+        if (output is None) == (not retry):
+            raise BadInput("give exactly one of --output JSON or --retry")
+        fleet = _fleet(app_)
+        if retry:
+            fleet.resolve(run_id, step_id, retry=True)
+        else:
+            fleet.resolve(
+                run_id, step_id, output=codec.parse_json_arg(output or "", what="--output")
+            )
+        console.print(f"step {step_id} of run {run_id} resolved; the run goes on")
 
     _guard(body)
 

@@ -76,6 +76,7 @@ def run_view(
     attempts: Sequence[Any],
     usage: dict[str, Any],
     incidents: dict[str, int],
+    intents: Sequence[Any] = (),
 ) -> Group:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -90,7 +91,30 @@ def run_view(
         head.add_row("result", Text(_clip(run.result, 300)))
     if run.error:
         head.add_row("error", Text(run.error.splitlines()[0] if run.error else "", style="red"))
-    return Group(head, steps_table(steps, attempts))
+    parts: list[Any] = [head, steps_table(steps, attempts)]
+    if intents:
+        table = Table(title="effects (write-ahead intents)")
+        for col in ("step", "epoch", "idempotency key", "outcome", "written"):
+            table.add_column(col)
+        for i in intents:
+            style = "magenta" if i.outcome == "open" else ""
+            table.add_row(
+                i.step_id,
+                str(i.epoch),
+                i.idempotency_key,
+                Text(i.outcome, style=style),
+                ago(i.created_at),
+            )
+        parts.append(table)
+    in_doubt = [s.step_id for s in steps if s.status == "in_doubt"]
+    if in_doubt:
+        parts.append(
+            Text(
+                f"needs a decision: fleet resolve {run.id} {in_doubt[0]} (--output JSON | --retry)",
+                style="magenta",
+            )
+        )
+    return Group(*parts)
 
 
 def steps_table(steps: Sequence[Any], attempts: Sequence[Any]) -> Table:

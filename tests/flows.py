@@ -259,3 +259,75 @@ def napper(wf: WorkflowContext, seconds: float) -> float:
     after = wf.now()
     wf.step(work, 2)
     return after - before
+
+
+# --- effects ----------------------------------------------------------------------------
+# A stand-in provider outside the store: it records every call by idempotency key and
+# applies the first one per key, as a real mail or payment API with idempotency keys does.
+
+
+def _provider_path() -> str:
+    return os.environ.get("FLEET_TEST_PROVIDER", "provider.jsonl")
+
+
+def provider_calls(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def provider_apply(key: str, body: str) -> dict[str, Any]:
+    import fcntl
+
+    with open(_provider_path(), "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        earlier = [json.loads(line) for line in f if line.strip()]
+        applied = next((c for c in earlier if c["key"] == key and c["applied"]), None)
+        f.write(json.dumps({"key": key, "body": body, "applied": applied is None}) + "\n")
+    return {"receipt": key, "body": applied["body"] if applied else body}
+
+
+def provider_lookup(key: str) -> dict[str, Any] | None:
+    applied = next(
+        (c for c in provider_calls(_provider_path()) if c["key"] == key and c["applied"]), None
+    )
+    return None if applied is None else {"receipt": key, "body": applied["body"]}
+
+
+def _send(ctx: StepContext, body: str, die_after: bool) -> dict[str, Any]:
+    log_event(ctx, "start")
+    receipt = provider_apply(ctx.idempotency_key, body)
+    if die_after and ctx.attempt == 1:
+        os.kill(os.getpid(), 9)  # the effect reached the provider; the checkpoint did not
+    return receipt
+
+
+@fleet.step(effect=True, idempotent=True)
+def send_idempotent(ctx: StepContext, body: str, die_after: bool = False) -> dict[str, Any]:
+    return _send(ctx, body, die_after)
+
+
+@fleet.step(effect=True)
+def send_reconciled(ctx: StepContext, body: str, die_after: bool = False) -> dict[str, Any]:
+    return _send(ctx, body, die_after)
+
+
+@send_reconciled.reconcile
+def send_reconciled_lookup(ctx: StepContext) -> dict[str, Any] | None:
+    return provider_lookup(ctx.idempotency_key)
+
+
+@fleet.step(effect=True)
+def send_plain(ctx: StepContext, body: str, die_after: bool = False) -> dict[str, Any]:
+    return _send(ctx, body, die_after)
+
+
+@fleet.workflow(version="1")
+def notify(wf: WorkflowContext, how: str, body: str, die_after: bool = False) -> dict[str, Any]:
+    sender = {"idempotent": send_idempotent, "reconciled": send_reconciled, "plain": send_plain}[
+        how
+    ]
+    wf.step(work, 1)
+    return dict(wf.step(sender, body, die_after))

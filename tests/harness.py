@@ -78,6 +78,10 @@ class Backend:
         return self.workdir / "executions.jsonl"
 
     @property
+    def provider_path(self) -> Path:
+        return self.workdir / "provider.jsonl"
+
+    @property
     def hook_log_path(self) -> Path:
         return self.workdir / "dead-letter-hook.jsonl"
 
@@ -96,6 +100,7 @@ class Backend:
             FLEET_SWEEP_GRACE="1.0",
             FLEET_TEST_LOG=str(self.log_path),
             FLEET_TEST_HOOK_LOG=str(self.hook_log_path),
+            FLEET_TEST_PROVIDER=str(self.provider_path),
             PYTHONPATH=str(ROOT),
             PYTHONUNBUFFERED="1",
         )

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import and_, exists, insert, literal, or_, select, update
+from sqlalchemy import and_, case, exists, insert, literal, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from fleet.states import AttemptOutcome, Incident, RunStatus, StepKind, StepStatus
+from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store.engine import Database, db_now
-from fleet.store.schema import attempts, dead_letters, incidents, runs, signals, steps
+from fleet.store.schema import attempts, dead_letters, incidents, intents, runs, signals, steps
 
 log = logging.getLogger("fleet.ledger")
 
@@ -73,6 +73,28 @@ def _wake(conn: Connection, run_id: str, grace: float) -> None:
             dispatches=0,
         )
     )
+
+
+def _settle_intents(
+    conn: Connection,
+    run_id: str,
+    step_id: str,
+    outcome: IntentOutcome,
+    *,
+    epoch: int | None = None,
+    before: int | None = None,
+) -> None:
+    """Close open intents of a step: the one of ``epoch``, those before ``before``, or all."""
+    where = [
+        intents.c.run_id == run_id,
+        intents.c.step_id == step_id,
+        intents.c.outcome == IntentOutcome.OPEN,
+    ]
+    if epoch is not None:
+        where.append(intents.c.epoch == epoch)
+    if before is not None:
+        where.append(intents.c.epoch < before)
+    conn.execute(update(intents).where(*where).values(outcome=outcome, settled_at=db_now()))
 
 
 class TakeRefused(StrEnum):
@@ -486,7 +508,15 @@ class Ledger:
                 == 1
             )
 
-    def commit_output(self, run_id: str, step_id: str, epoch: int, output: str) -> bool:
+    def commit_output(
+        self,
+        run_id: str,
+        step_id: str,
+        epoch: int,
+        output: str,
+        *,
+        earlier_intents: IntentOutcome | None = None,
+    ) -> bool:
         """running → done, only under the epoch held. False is a fenced write: the lease
         was taken over (or revoked) since this attempt took it. Counted, never applied."""
         now = db_now()
@@ -515,6 +545,11 @@ class Ledger:
                 AttemptOutcome.DONE if applied else AttemptOutcome.FENCED,
             )
             if applied:
+                # An effect's outcome commits with its checkpoint (and with ``earlier_intents``
+                # set, the in-doubt intents of earlier attempts are settled with it).
+                _settle_intents(conn, run_id, step_id, IntentOutcome.DONE, epoch=epoch)
+                if earlier_intents is not None:
+                    _settle_intents(conn, run_id, step_id, earlier_intents, before=epoch)
                 _wake(conn, run_id, self.grace)
             else:
                 self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
@@ -545,6 +580,8 @@ class Ledger:
                 ).rowcount
                 == 1
             )
+            if applied:  # the step raised: it reports that its effect did not happen
+                _settle_intents(conn, run_id, step_id, IntentOutcome.FAILED, epoch=epoch)
             self._close_attempt(
                 conn,
                 run_id,
@@ -611,6 +648,8 @@ class Ledger:
                 if epoch is not None:
                     self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
                 return None
+            if epoch is not None:
+                _settle_intents(conn, run_id, step_id, IntentOutcome.FAILED, epoch=epoch)
             first_failed = conn.execute(
                 select(attempts.c.finished_at)
                 .where(
@@ -720,6 +759,125 @@ class Ledger:
         if row.step_status != StepStatus.DEAD:
             return ReplayRefused.STEP_NOT_DEAD
         return ReplayRefused.RUN_FINISHED
+
+    # --- effects ------------------------------------------------------------------------
+
+    def write_intent(
+        self, run_id: str, step_id: str, epoch: int, key: str, input_hash: str
+    ) -> bool:
+        """The write-ahead intent, committed before an effect's body runs, only while the
+        lease is held. False: the lease was lost; the body must not run."""
+        now = db_now()
+        with self.db.begin() as conn:
+            row = conn.execute(
+                insert(intents)
+                .from_select(
+                    [
+                        "run_id",
+                        "step_id",
+                        "epoch",
+                        "idempotency_key",
+                        "input_hash",
+                        "outcome",
+                        "created_at",
+                    ],
+                    select(
+                        literal(run_id),
+                        literal(step_id),
+                        literal(epoch),
+                        literal(key),
+                        literal(input_hash),
+                        literal(IntentOutcome.OPEN.value),
+                        now,
+                    ).where(exists().where(_held(run_id, step_id, epoch))),
+                )
+                .returning(intents.c.epoch)
+            ).first()
+            return row is not None
+
+    def supersede_intents(self, run_id: str, step_id: str, epoch: int) -> bool:
+        """Earlier in-doubt intents will be retried under this epoch's key (an idempotent
+        effect, or its reconcile hook said it had not happened). False: lease lost."""
+        with self.db.begin() as conn:
+            if not conn.execute(select(steps.c.epoch).where(_held(run_id, step_id, epoch))).first():
+                return False
+            _settle_intents(conn, run_id, step_id, IntentOutcome.SUPERSEDED, before=epoch)
+            return True
+
+    def park_in_doubt(self, run_id: str, step_id: str, epoch: int) -> bool:
+        """running → in_doubt and run running → needs_decision: an earlier attempt may
+        have acted, the step cannot ask the world, and retrying would be a guess."""
+        now = db_now()
+        with self.db.begin() as conn:
+            if not conn.execute(
+                update(steps)
+                .where(_held(run_id, step_id, epoch))
+                .values(
+                    status=StepStatus.IN_DOUBT,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    redispatch_at=None,
+                )
+            ).rowcount:
+                return False
+            self._close_attempt(
+                conn,
+                run_id,
+                step_id,
+                epoch,
+                AttemptOutcome.FAILED,
+                "an earlier attempt may have acted: needs a decision",
+            )
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING)
+                .values(status=RunStatus.NEEDS_DECISION, updated_at=now)
+            )
+            self._incident(conn, Incident.EFFECT_IN_DOUBT, run_id, step_id, epoch, None)
+            return True
+
+    def resolve(self, run_id: str, step_id: str, output: str | None) -> bool:
+        """A person settles an in-doubt effect: with ``output`` it happened (in_doubt →
+        done), without it it is to be retried (in_doubt → pending, with one more attempt
+        allowed). The run goes back to running. False: the step was not in doubt."""
+        now = db_now()
+        if output is not None:
+            values: dict[str, Any] = {
+                "status": StepStatus.DONE,
+                "output": output,
+                "finished_at": now,
+            }
+            settled = IntentOutcome.RESOLVED
+        else:
+            values = {
+                "status": StepStatus.PENDING,
+                "max_attempts": case(
+                    (steps.c.max_attempts > steps.c.attempts, steps.c.max_attempts),
+                    else_=steps.c.attempts + 1,
+                ),
+                "redispatch_at": now + self.grace,
+                "dispatches": 0,
+            }
+            settled = IntentOutcome.SUPERSEDED
+        with self.db.begin() as conn:
+            if not conn.execute(
+                update(steps)
+                .where(
+                    _step(run_id, step_id),
+                    steps.c.status == StepStatus.IN_DOUBT,
+                    _run_is(run_id, RunStatus.NEEDS_DECISION),
+                )
+                .values(**values)
+            ).rowcount:
+                return False
+            _settle_intents(conn, run_id, step_id, settled)
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.status == RunStatus.NEEDS_DECISION)
+                .values(status=RunStatus.RUNNING, updated_at=now)
+            )
+            _wake(conn, run_id, self.grace)
+            return True
 
     def add_usage(
         self,

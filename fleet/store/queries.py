@@ -10,7 +10,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import Row
 
 from fleet.store.engine import Database, db_now
-from fleet.store.schema import attempts, dead_letters, incidents, runs, steps
+from fleet.store.schema import attempts, dead_letters, incidents, intents, runs, steps
 
 
 class Queries:
@@ -84,6 +84,25 @@ class Queries:
             stmt = stmt.where(incidents.c.run_id == run_id)
         with self.db.begin() as conn:
             return {kind: int(n) for kind, n in conn.execute(stmt).all()}
+
+    def intents(self, run_id: str, step_id: str | None = None) -> Sequence[Row[Any]]:
+        stmt = select(intents).where(intents.c.run_id == run_id)
+        if step_id is not None:
+            stmt = stmt.where(intents.c.step_id == step_id)
+        with self.db.begin() as conn:
+            return conn.execute(stmt.order_by(intents.c.step_id, intents.c.epoch)).all()
+
+    def in_doubt(self, run_id: str, step_id: str, before_epoch: int) -> Sequence[Row[Any]]:
+        """Intents of earlier attempts that never reported: they may have acted."""
+        with self.db.begin() as conn:
+            return conn.execute(
+                select(intents).where(
+                    intents.c.run_id == run_id,
+                    intents.c.step_id == step_id,
+                    intents.c.epoch < before_epoch,
+                    intents.c.outcome == "open",
+                )
+            ).all()
 
     def dead_letters(
         self,
