@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery
 
-from fleet import codec
+from fleet import brokers, codec
 from fleet.config import Settings
 from fleet.dispatch import Dispatcher
 from fleet.errors import BadInput, RunFailed, StoreUnavailable, UnknownRun, WaitTimeout
@@ -228,7 +228,7 @@ class Fleet:
         )
         pins = codec.encode(dict(wf.pins), what=f"pins of workflow {wf.name}", limit=limit)
         self.ensure_schema()
-        queue = self.settings.queue
+        queue = wf.queue(self.settings.queue)
         if self.runtime.ledger.create_run(rid, wf.name, wf.version, pins, payload, queue):
             self.runtime.dispatcher.advance(rid, queue)
         else:
@@ -357,7 +357,7 @@ def make_celery(name: str, settings: Settings) -> Celery:
     folder = settings.broker_folder
     if folder is not None:
         queue_dir, processed, control = broker_folders(folder)
-        broker = "filesystem://"
+        broker = f"{brokers.FS_ALIAS}://"
         transport_options.update(
             data_folder_in=str(queue_dir),
             data_folder_out=str(queue_dir),
@@ -366,7 +366,7 @@ def make_celery(name: str, settings: Settings) -> Celery:
             store_processed=False,
             polling_interval=0.05,
         )
-    app = Celery(name, broker=broker, set_as_current=False)
+    app = Celery(name, broker=brokers.broker_url(broker), set_as_current=False)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],

@@ -19,7 +19,7 @@ from fleet.errors import FleetError
 from fleet.policy import Verdict, classify
 from fleet.records import DeadLetterInfo
 from fleet.registry import StepDef
-from fleet.replay import advance, step_shadow
+from fleet.replay import advance, pinned_workflow, step_shadow
 from fleet.runtime import Runtime
 from fleet.states import Incident, IntentOutcome
 from fleet.store.ledger import Lease, TakeRefused
@@ -138,6 +138,8 @@ def execute(rt: Runtime, run_id: str, step_id: str) -> None:
             Incident.MALFORMED_MESSAGE, run_id, step_id, detail="execute for an unknown run or step"
         )
         log.warning("execute for unknown step %s of run %s dropped", step_id, run_id)
+        return
+    if pinned_workflow(rt, run, step_id) is None:
         return
     sd = rt.registry.steps.get(step.name)
     if sd is None:

@@ -66,6 +66,12 @@ def _fleet(target: str | None, *, schema: bool = True) -> Fleet:
     return fleet
 
 
+def worker_queues(fleet: Fleet) -> list[str]:
+    """The default queue and one per registered workflow version (see WorkflowDef.queue)."""
+    base = fleet.settings.queue
+    return [base, *sorted({wf.queue(base) for wf in fleet.registry.workflows.values()})]
+
+
 def _setup_logging(level: str = "INFO") -> None:
     logging.basicConfig(
         level=level.upper(),
@@ -109,7 +115,7 @@ def worker(
         f"--loglevel={loglevel}",
         f"--concurrency={concurrency}",
         f"--pool={pool}",
-        f"--queues={queues or fleet.settings.queue}",
+        f"--queues={queues or ','.join(worker_queues(fleet))}",
         "--without-mingle",
         "--without-gossip",
     ]

@@ -77,6 +77,7 @@ def run_demo(
     client.upgrade_schema()
     procs: list[FleetProcess] = []
     story = Story()
+    ok = False
     try:
         for name in ("worker-1", "worker-2"):
             procs.append(
@@ -92,7 +93,8 @@ def run_demo(
         story.say(f"enqueued run {run.id}")
         ok = _follow(console, client, run.id, procs, story)
         _summary(console, client, run.id, story)
-        return 0 if ok and _no_completed_step_ran_twice(client, run.id, story) else 1
+        ok = ok and _no_completed_step_ran_twice(client, run.id, story)
+        return 0 if ok else 1
     finally:
         for proc in procs:
             proc.stop()
@@ -101,6 +103,11 @@ def run_demo(
             console.print(
                 f"State kept in {home}: try [bold]fleet runs[/bold] and "
                 f"[bold]fleet status RUN_ID[/bold] from {home.parent}."
+            )
+        elif not ok:
+            console.print(
+                f"[red]The story did not go as it should.[/red] State and process "
+                f"logs are kept in {home} (logs in {logdir})."
             )
         else:
             shutil.rmtree(home, ignore_errors=True)

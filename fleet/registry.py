@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,18 @@ class WorkflowDef:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"workflow {self.name!r} runs durably: start it with fleet.enqueue(...)")
+
+    def queue(self, base: str) -> str:
+        """The queue its runs are routed to: one per version and pins, so a worker that
+        has another version never sees them and an old worker can drain its own."""
+        name = f"{base}.{self.name}.v{self.version}"
+        if self.pins:
+            blob = json.dumps(dict(self.pins), sort_keys=True, separators=(",", ":"))
+            name += "-" + hashlib.sha256(blob.encode()).hexdigest()[:8]
+        return name
+
+    def pinned_to(self, version: str, pins: Mapping[str, Any]) -> bool:
+        return self.version == version and dict(self.pins) == dict(pins)
 
 
 def check_name(name: str, what: str) -> str:

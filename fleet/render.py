@@ -11,6 +11,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from fleet.states import RunStatus
+
 STATUS_STYLE = {
     "succeeded": "green",
     "done": "green",
@@ -82,9 +84,20 @@ def run_view(
     head.add_column(style="bold")
     head.add_column()
     head.add_row("run", run.id)
-    head.add_row("workflow", f"{run.workflow} (version {run.version})")
+    pins = f", pins {run.pins}" if run.pins not in ("{}", "") else ""
+    head.add_row("workflow", f"{run.workflow} version {run.version}{pins}")
+    head.add_row("queue", f"{run.queue} (served by workers that have this version)")
     head.add_row("status", status_text(run.status))
     head.add_row("spend", f"{spend(usage)} in {usage['calls']} model call(s)")
+    if incidents.get("version_mismatch") and not RunStatus(run.status).finished:
+        head.add_row(
+            "waits for",
+            Text(
+                f"a worker with {run.workflow} version {run.version}: "
+                f"{incidents['version_mismatch']} time(s) a worker of another version left it",
+                style="yellow",
+            ),
+        )
     if incidents:
         head.add_row("incidents", ", ".join(f"{k}: {v}" for k, v in sorted(incidents.items())))
     if run.result is not None:

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Row
 
 from fleet import codec
 from fleet.errors import FleetError, NonDeterminism, PayloadError, StepFailed
-from fleet.registry import StepDef, check_name
+from fleet.registry import StepDef, WorkflowDef, check_name
 from fleet.runtime import Runtime
 from fleet.states import Incident, RunStatus, StepKind, StepStatus
 from fleet.store.ledger import NewStep
@@ -226,6 +226,24 @@ class WorkflowContext:
         return codec.decode(stored.output)
 
 
+def pinned_workflow(rt: Runtime, run: Row[Any], step_id: str | None = None) -> WorkflowDef | None:
+    """The workflow the run is pinned to, if this worker has that version and pins;
+    otherwise None, with the mismatch counted and logged (never silent)."""
+    wf = rt.registry.workflows.get(run.workflow)
+    if wf is not None and wf.pinned_to(run.version, codec.decode(run.pins) or {}):
+        return wf
+    have = f"version {wf.version} pins {dict(wf.pins)}" if wf else "no such workflow"
+    detail = (
+        f"run needs {run.workflow} version {run.version} pins {run.pins} "
+        f"(queue {run.queue}); this worker has {have}"
+    )
+    rt.ledger.incident(
+        Incident.VERSION_MISMATCH, run.id, step_id, worker=rt.worker_name, detail=detail
+    )
+    log.warning("%s: left for a worker that has it", detail)
+    return None
+
+
 def advance(rt: Runtime, run_id: str) -> None:
     """Replay the run and act on where it stands: record and dispatch the next step(s),
     or finish the run. Safe to run concurrently and repeatedly for the same run."""
@@ -239,16 +257,8 @@ def advance(rt: Runtime, run_id: str) -> None:
     status = RunStatus(run.status)
     if status not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING):
         return  # finished, cancelled, or parked for a person's decision
-    wf = rt.registry.workflows.get(run.workflow)
-    if wf is None or wf.version != run.version:
-        have = f"version {wf.version}" if wf else "no such workflow"
-        log.warning(
-            "run %s needs workflow %s version %s; this worker has %s: left for another worker",
-            run_id,
-            run.workflow,
-            run.version,
-            have,
-        )
+    wf = pinned_workflow(rt, run)
+    if wf is None:
         return
     if status == RunStatus.QUEUED:
         rt.ledger.start_run(run_id)

@@ -331,3 +331,17 @@ def notify(wf: WorkflowContext, how: str, body: str, die_after: bool = False) ->
     ]
     wf.step(work, 1)
     return dict(wf.step(sender, body, die_after))
+
+
+# --- pinning ----------------------------------------------------------------------------
+
+
+@fleet.step
+def stamp(ctx: StepContext, label: str) -> str:
+    log_event(ctx, "start")
+    return f"{label} by v1"
+
+
+@fleet.workflow(version="1", pins={"model": "example-model-2026-10"})
+def pinned(wf: WorkflowContext, label: str) -> str:
+    return str(wf.step(stamp, label))

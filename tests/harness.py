@@ -125,7 +125,9 @@ class Backend:
         if self.kind == "postgres":
             import redis
 
-            return int(redis.Redis(REDIS_HOST, REDIS_PORT, db=REDIS_DB).llen("fleet"))
+            r = redis.Redis(REDIS_HOST, REDIS_PORT, db=REDIS_DB)
+            # Every fleet queue: the default one and one per workflow version.
+            return sum(int(r.llen(k)) for k in r.scan_iter("fleet*") if r.type(k) == b"list")
         return len(list((self.workdir / "broker" / "queue").iterdir()))
 
 
@@ -180,10 +182,12 @@ class Cluster:
             pytest.fail(f"{name} did not start:\n{proc.output()}")
         return proc
 
-    def worker(self, name: str, concurrency: int = 4, pool: str = "threads") -> FleetProcess:
+    def worker(
+        self, name: str, concurrency: int = 4, pool: str = "threads", app: str = APP
+    ) -> FleetProcess:
         return self._start(
             name,
-            worker_argv(APP, concurrency, pool),
+            worker_argv(app, concurrency, pool),
             WORKER_READY,
             self.backend.env(FLEET_WORKER_NAME=name),
         )

@@ -98,6 +98,17 @@ def test_malformed_messages_are_dropped_and_counted(
 ) -> None:
     client.celery.send_task("fleet.execute", args=[1, None], queue="fleet")
     client.celery.send_task("fleet.advance", args=["no-such-run"], queue="fleet")
+    # Bytes that are not a message at all, in the broker itself.
+    if backend.kind == "sqlite":
+        queue = backend.workdir / "broker" / "queue"
+        (queue / "0_empty.fleet.msg").write_bytes(b"")
+        (queue / "1_garbage.fleet.msg").write_bytes(b"\x00not json")
+    else:
+        import redis
+
+        from tests.harness import REDIS_DB, REDIS_HOST, REDIS_PORT
+
+        redis.Redis(REDIS_HOST, REDIS_PORT, db=REDIS_DB).lpush("fleet", b"\x00not json")
     cluster.worker("w1")
     run = client.enqueue("chain", 2)
     assert run.wait(timeout=60) == 1, "the worker survived the bad messages"
