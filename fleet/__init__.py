@@ -8,6 +8,7 @@ from fleet.errors import (
     FleetError,
     NonDeterminism,
     NonRetryable,
+    PayloadError,
     Retry,
     RunFailed,
     StepFailed,
@@ -19,6 +20,7 @@ from fleet.errors import (
 from fleet.policy import RetryPolicy
 from fleet.records import DeadLetterInfo, StepInfo
 from fleet.replay import WorkflowContext
+from fleet.secrets import Secret
 
 __all__ = [
     "BadInput",
@@ -28,10 +30,12 @@ __all__ = [
     "LeaseLost",
     "NonDeterminism",
     "NonRetryable",
+    "PayloadError",
     "Retry",
     "RetryPolicy",
     "RunFailed",
     "RunHandle",
+    "Secret",
     "Settings",
     "StepContext",
     "StepFailed",

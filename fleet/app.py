@@ -60,7 +60,7 @@ class RunHandle:
             row = self._row()
             status = RunStatus(row.status)
             if status == RunStatus.SUCCEEDED:
-                return codec.decode(row.result)
+                return self._fleet.runtime.payloads.load(row.result)
             if status.finished:
                 raise RunFailed(self.id, status.value, row.error)
             if deadline is not None and time.monotonic() >= deadline:
@@ -220,14 +220,11 @@ class Fleet:
         ):
             raise BadInput(f"run id {run_id!r} must be 1-{MAX_RUN_ID} printable characters")
         rid = run_id or uuid.uuid4().hex
-        limit = self.settings.max_payload_bytes
-        payload = codec.encode(
-            {"args": list(args), "kwargs": kwargs},
-            what=f"arguments of workflow {wf.name}",
-            limit=limit,
-        )
-        pins = codec.encode(dict(wf.pins), what=f"pins of workflow {wf.name}", limit=limit)
+        pins = codec.encode(dict(wf.pins), what=f"pins of workflow {wf.name}", limit=4096)
         self.ensure_schema()
+        payload = self.runtime.payloads.dump(
+            {"args": list(args), "kwargs": kwargs}, what=f"arguments of workflow {wf.name}"
+        )
         queue = wf.queue(self.settings.queue)
         if self.runtime.ledger.create_run(rid, wf.name, wf.version, pins, payload, queue):
             self.runtime.dispatcher.advance(rid, queue)
@@ -253,7 +250,7 @@ class Fleet:
         """Dead-lettered steps, oldest first; replayed ones only with ``include_replayed``."""
         self.ensure_schema()
         rows = self.runtime.queries.dead_letters(run_id, workflow, include_replayed)
-        return [DeadLetterInfo.from_row(r) for r in rows]
+        return [DeadLetterInfo.from_row(r, self.runtime.payloads.load) for r in rows]
 
     def replay(self, dead_letter_id: int, input: Any = _UNSET) -> RunHandle:
         """Re-run a dead-lettered step with a fresh attempt budget (optionally with new
@@ -273,10 +270,9 @@ class Fleet:
                     "replay input must be a JSON list of arguments or "
                     '{"args": [...], "kwargs": {...}}'
                 )
-            new_input = codec.encode(
+            new_input = self.runtime.payloads.dump(
                 {"args": call.get("args", []), "kwargs": call.get("kwargs", {})},
                 what=f"input of step {letter.step_id}",
-                limit=self.settings.max_payload_bytes,
             )
         refused = self.runtime.ledger.replay_dead_letter(dead_letter_id, new_input)
         if refused is not None:
@@ -305,9 +301,7 @@ class Fleet:
         row = self.run(run_id)._row()
         text = None
         if output is not _UNSET:
-            text = codec.encode(
-                output, what=f"output of step {step_id}", limit=self.settings.max_payload_bytes
-            )
+            text = self.runtime.payloads.dump(output, what=f"output of step {step_id}")
         if not self.runtime.ledger.resolve(run_id, step_id, text):
             raise BadInput(
                 f"step {step_id!r} of run {run_id} is not an effect in doubt (run is {row.status})"
@@ -324,9 +318,7 @@ class Fleet:
         Raises ``UnknownRun``, or ``BadInput`` if the run has ended."""
         check_name(name, "signal")
         row = self.run(run_id)._row()
-        text = codec.encode(
-            payload, what=f"payload of signal {name}", limit=self.settings.max_payload_bytes
-        )
+        text = self.runtime.payloads.dump(payload, what=f"payload of signal {name}")
         if self.runtime.ledger.add_signal(run_id, name, text) is None:
             status = (self.runtime.queries.run(run_id) or row).status
             raise BadInput(f"run {run_id} is {status}: a signal can only go to a live run")

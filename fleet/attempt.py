@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from fleet import codec
 from fleet.errors import FleetError
 from fleet.policy import Verdict, classify
 from fleet.records import DeadLetterInfo
@@ -169,17 +168,16 @@ def execute(rt: Runtime, run_id: str, step_id: str) -> None:
     with Heartbeat(rt, lease) as hb:
         ctx = StepContext(rt, lease, hb)
         what = f"output of step {step_id}"
-        limit = rt.settings.max_payload_bytes
         try:
             gate = _effect_gate(rt, sd, lease, ctx) if sd.effect else _Gate.RUN
             if gate is _Gate.STOP:
                 return
             if isinstance(gate, _Reconciled):
-                encoded, earlier = codec.encode(gate.output, what=what, limit=limit), gate.settles
+                encoded, earlier = rt.payloads.dump(gate.output, what), gate.settles
             else:
-                call = codec.decode(lease.input)
+                call = rt.payloads.load(lease.input)
                 output = sd.fn(ctx, *call["args"], **call["kwargs"])
-                encoded = codec.encode(output, what=what, limit=limit)
+                encoded = rt.payloads.dump(output, what)
         except Exception as exc:
             _failed(rt, run, sd, lease, exc)
             return
@@ -346,7 +344,7 @@ def _dead_letter(
     )
     if rt.dead_letter_hooks:
         row = rt.queries.dead_letter(letter_id)
-        info = DeadLetterInfo.from_row(row)
+        info = DeadLetterInfo.from_row(row, rt.payloads.load)
         for hook in rt.dead_letter_hooks:
             try:
                 hook(info)

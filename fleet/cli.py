@@ -200,7 +200,7 @@ def status(
                         "workflow": run.workflow,
                         "version": run.version,
                         "status": run.status,
-                        "result": codec.decode(run.result),
+                        "result": fleet.runtime.payloads.load(run.result),
                         "error": run.error,
                         "usage": q.usage(run_id),
                         "steps": [
@@ -386,10 +386,13 @@ def dlq_show(letter_id: int, app_: AppOpt = None) -> None:
     """Everything about one dead letter: input, error, traceback, attempts, times."""
 
     def body() -> None:
-        letter = _fleet(app_).runtime.queries.dead_letter(letter_id)
+        fleet = _fleet(app_)
+        letter = fleet.runtime.queries.dead_letter(letter_id)
         if letter is None:
             raise BadInput(f"unknown dead letter {letter_id}")
-        console.print(dead_letter_view(DeadLetterInfo.from_row(letter)))
+        console.print(
+            dead_letter_view(DeadLetterInfo.from_row(letter, fleet.runtime.payloads.load))
+        )
 
     _guard(body)
 

@@ -40,7 +40,10 @@ class Settings:
     sweep_interval: float = 1.0
     # How long a dispatched wake-up may stay unanswered before the sweeper sends it again.
     sweep_grace: float = 5.0
+    # Values larger than this are stored once by content hash and referenced.
     max_payload_bytes: int = 256 * 1024
+    # No recorded value may be larger than this.
+    max_blob_bytes: int = 64 * 1024 * 1024
     queue: str = "fleet"
     worker_name: str = ""
     # 0: derived from the lease (see ``visibility_timeout``).
@@ -57,6 +60,7 @@ class Settings:
             sweep_interval=_float(env, "FLEET_SWEEP_INTERVAL", cls.sweep_interval),
             sweep_grace=_float(env, "FLEET_SWEEP_GRACE", cls.sweep_grace),
             max_payload_bytes=int(_float(env, "FLEET_MAX_PAYLOAD_BYTES", cls.max_payload_bytes)),
+            max_blob_bytes=int(_float(env, "FLEET_MAX_BLOB_BYTES", cls.max_blob_bytes)),
             queue=env.get("FLEET_QUEUE") or cls.queue,
             worker_name=env.get("FLEET_WORKER_NAME", ""),
             visibility_timeout_seconds=_float(env, "FLEET_VISIBILITY_TIMEOUT", 0.0),

@@ -230,9 +230,7 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
         f"${usage['cost']:.4f} (every attempt, the killed one included)"
     )
     if run.status == "succeeded":
-        from fleet import codec
-
-        result = codec.decode(run.result)
+        result = client.runtime.payloads.load(run.result)
         report = result.get("report", "") if isinstance(result, dict) else str(result)
         console.print(Panel(report, title=f"result · run {run_id} succeeded"))
     else:

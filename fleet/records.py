@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from fleet import codec
 
 
 @dataclass(frozen=True)
@@ -41,14 +40,15 @@ class DeadLetterInfo:
         return f"{self.error_type}: {self.error_message}"
 
     @classmethod
-    def from_row(cls, row: Any) -> DeadLetterInfo:
+    def from_row(cls, row: Any, load: Callable[[str], Any]) -> DeadLetterInfo:
+        """``load`` reads a recorded value (``Payloads.load``: inline or by reference)."""
         return cls(
             id=row.id,
             run_id=row.run_id,
             step_id=row.step_id,
             workflow=row.workflow,
             step_name=row.name,
-            input=codec.decode(row.input),
+            input=load(row.input),
             error_type=row.error_type,
             error_message=row.error_message,
             traceback=row.traceback,

@@ -175,10 +175,8 @@ class WorkflowContext:
     def _new_task(
         self, sd: StepDef, step_id: str, args: Sequence[Any], kwargs: dict[str, Any]
     ) -> NewStep:
-        payload = codec.encode(
-            {"args": list(args), "kwargs": kwargs},
-            what=f"input of step {step_id}",
-            limit=self._rt.settings.max_payload_bytes,
+        payload = self._rt.payloads.dump(
+            {"args": list(args), "kwargs": kwargs}, what=f"input of step {step_id}"
         )
         return NewStep(step_id, -1, sd.name, StepKind.TASK, payload, sd.retry.max_attempts)
 
@@ -193,7 +191,7 @@ class WorkflowContext:
     def _outcome(self, rec: Row[Any]) -> Any:
         status = StepStatus(rec.status)
         if status == StepStatus.DONE:
-            return codec.decode(rec.output)
+            return self._rt.payloads.load(rec.output)
         if status == StepStatus.DEAD:
             raise StepFailed(rec.step_id, rec.error or "dead-lettered", rec.attempts)
         raise _Suspend
@@ -208,7 +206,7 @@ class WorkflowContext:
             if name.startswith("wait:") and self._rt.ledger.deliver_signals(self.run_id):
                 rec = self._rt.queries.step(self.run_id, step_id)
         if rec is not None and rec.status == StepStatus.DONE:
-            return codec.decode(rec.output)
+            return self._rt.payloads.load(rec.output)
         self.waiting = True
         raise _Suspend
 
@@ -266,7 +264,7 @@ def advance(rt: Runtime, run_id: str) -> None:
         rt.ledger.resume_run(run_id)
     history = rt.queries.steps(run_id)
     ctx = WorkflowContext(rt, run, history)
-    call = codec.decode(run.args)
+    call = rt.payloads.load(run.args)
     try:
         try:
             result = wf.fn(ctx, *call["args"], **call["kwargs"])
@@ -282,9 +280,7 @@ def advance(rt: Runtime, run_id: str) -> None:
                 f"but the history has {len(ctx._history)} (next recorded: "
                 f"{ctx._history[ctx._pos].step_id!r})"
             )
-        encoded = codec.encode(
-            result, what=f"result of run {run_id}", limit=rt.settings.max_payload_bytes
-        )
+        encoded = rt.payloads.dump(result, what=f"result of run {run_id}")
     except _Suspend:
         if ctx.waiting:
             rt.ledger.set_waiting(run_id)

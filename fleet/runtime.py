@@ -10,6 +10,7 @@ from typing import Any
 
 from fleet.config import Settings
 from fleet.dispatch import Dispatcher
+from fleet.payloads import Payloads
 from fleet.registry import Registry
 from fleet.store.engine import Database
 from fleet.store.ledger import Ledger
@@ -25,6 +26,10 @@ class Runtime:
     registry: Registry
     dispatcher: Dispatcher
     dead_letter_hooks: list[Callable[[Any], Any]] = field(default_factory=list)
+    payloads: Payloads = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.payloads = Payloads(self.settings, self.ledger, self.queries)
 
     @property
     def worker_name(self) -> str:

@@ -14,6 +14,7 @@ from fleet import (
     NonRetryable,
     Retry,
     RetryPolicy,
+    Secret,
     StepContext,
     StepFailed,
     WorkflowContext,
@@ -345,3 +346,32 @@ def stamp(ctx: StepContext, label: str) -> str:
 @fleet.workflow(version="1", pins={"model": "example-model-2026-10"})
 def pinned(wf: WorkflowContext, label: str) -> str:
     return str(wf.step(stamp, label))
+
+
+# --- payload hygiene --------------------------------------------------------------------
+
+
+@fleet.step
+def big(ctx: StepContext, size: int) -> str:
+    log_event(ctx, "start")
+    return "x" * size
+
+
+@fleet.workflow(version="1")
+def large(wf: WorkflowContext, size: int) -> dict[str, Any]:
+    """A large output twice: stored once by content hash, read back whole."""
+    first, second = wf.step(big, size), wf.step(big, size)
+    return {"len": len(first), "same": first == second}
+
+
+@fleet.step
+def use_secret(ctx: StepContext, key: Secret, leak: bool = False) -> Any:
+    """Uses the secret; with ``leak`` tries to return its value wrapped (fleet refuses)."""
+    log_event(ctx, "start")
+    value = key.reveal()
+    return Secret(value) if leak else {"length": len(value), "repr": repr(key)}
+
+
+@fleet.workflow(version="1")
+def secretive(wf: WorkflowContext, leak: bool = False) -> Any:
+    return wf.step(use_secret, Secret.env("FLEET_TEST_SECRET"), leak)

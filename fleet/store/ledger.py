@@ -21,7 +21,16 @@ from sqlalchemy.engine import Connection
 
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store.engine import Database, db_now
-from fleet.store.schema import attempts, dead_letters, incidents, intents, runs, signals, steps
+from fleet.store.schema import (
+    attempts,
+    blobs,
+    dead_letters,
+    incidents,
+    intents,
+    runs,
+    signals,
+    steps,
+)
 
 log = logging.getLogger("fleet.ledger")
 
@@ -878,6 +887,22 @@ class Ledger:
             )
             _wake(conn, run_id, self.grace)
             return True
+
+    def put_blob(self, digest: str, body: str) -> None:
+        """Store a large value once; a no-op if the same content is there already."""
+        with self.db.begin() as conn:
+            _insert_ignore(
+                conn,
+                blobs,
+                [
+                    {
+                        "digest": digest,
+                        "size": len(body.encode()),
+                        "body": body,
+                        "created_at": db_now(),
+                    }
+                ],
+            )
 
     def add_usage(
         self,

@@ -10,7 +10,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import Row
 
 from fleet.store.engine import Database, db_now
-from fleet.store.schema import attempts, dead_letters, incidents, intents, runs, steps
+from fleet.store.schema import attempts, blobs, dead_letters, incidents, intents, runs, steps
 
 
 class Queries:
@@ -123,6 +123,10 @@ class Queries:
     def dead_letter(self, letter_id: int) -> Row[Any] | None:
         with self.db.begin() as conn:
             return conn.execute(select(dead_letters).where(dead_letters.c.id == letter_id)).first()
+
+    def blob(self, digest: str) -> str | None:
+        with self.db.begin() as conn:
+            return conn.execute(select(blobs.c.body).where(blobs.c.digest == digest)).scalar()
 
     def now(self) -> float:
         with self.db.begin() as conn:

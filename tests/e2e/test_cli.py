@@ -69,7 +69,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(
 ) -> None:
     client.enqueue("chain", 1, run_id="kept")
     before = [(r.id, r.status, r.wake_seq) for r in client.runtime.queries.runs()]
-    env = backend.env(FLEET_MAX_PAYLOAD_BYTES="4096")
+    env = backend.env(FLEET_MAX_BLOB_BYTES="4096")
     one_line_error(fleet_cli(backend, *args, env=env), *needles)
     assert [(r.id, r.status, r.wake_seq) for r in client.runtime.queries.runs()] == before
 

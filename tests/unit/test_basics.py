@@ -87,3 +87,26 @@ def test_two_fleets_in_one_process_keep_their_own_tasks(tmp_path: Path) -> None:
     b = a.with_settings(Settings(database_url=f"sqlite:///{tmp_path}/b.db"))
     assert a.celery.tasks["fleet.execute"] is not b.celery.tasks["fleet.execute"]
     assert b.registry.steps == a.registry.steps and b.registry is not a.registry
+
+
+def test_secrets_are_recorded_by_name_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet import NonRetryable, Secret
+
+    text = encode({"key": Secret.env("MAIL_API_KEY")}, what="input of send#1", limit=1000)
+    assert text == '{"key":{"$fleet_secret":"MAIL_API_KEY"}}'
+    restored = decode(text)["key"]
+    assert restored == Secret.env("MAIL_API_KEY")
+    monkeypatch.setenv("MAIL_API_KEY", "sk-live-123")
+    assert restored.reveal() == "sk-live-123"
+    assert "sk-live" not in repr(restored) and "sk-live" not in str(Secret("sk-live-123"))
+    monkeypatch.delenv("MAIL_API_KEY")
+    with pytest.raises(NonRetryable, match="secret MAIL_API_KEY is not set"):
+        restored.reveal()
+    with pytest.raises(PayloadError, match="input of send#1 holds a Secret with a literal value"):
+        encode(Secret("sk-live-123"), what="input of send#1", limit=1000)
+    with pytest.raises(PayloadError, match="not an environment variable name"):
+        Secret.env("not a name")
+    import pickle
+
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(Secret("sk-live-123"))

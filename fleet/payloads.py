@@ -1,0 +1,41 @@
+"""Recorded values: strict JSON inline up to ``max_payload_bytes``; larger ones stored
+once by content hash (``fleet_blobs``) and referenced as ``blob:<sha256>``, up to the
+hard ``max_blob_bytes``. A reference is not valid JSON, so it cannot be confused with
+a value."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from fleet import codec
+from fleet.config import Settings
+from fleet.errors import FleetError
+from fleet.store.ledger import Ledger
+from fleet.store.queries import Queries
+
+BLOB = "blob:"
+
+
+class Payloads:
+    def __init__(self, settings: Settings, ledger: Ledger, queries: Queries) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self.queries = queries
+
+    def dump(self, value: Any, what: str) -> str:
+        text = codec.encode(value, what=what, limit=self.settings.max_blob_bytes)
+        if len(text.encode()) <= self.settings.max_payload_bytes:
+            return text
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        self.ledger.put_blob(digest, text)
+        return BLOB + digest
+
+    def load(self, text: str | None) -> Any:
+        if text is None or not text.startswith(BLOB):
+            return codec.decode(text)
+        digest = text[len(BLOB) :]
+        body = self.queries.blob(digest)
+        if body is None:
+            raise FleetError(f"stored value {text} is missing from fleet_blobs")
+        return codec.decode(body)
