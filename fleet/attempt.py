@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from fleet.errors import FleetError
+from fleet.logs import log_context
 from fleet.policy import Verdict, classify
 from fleet.records import DeadLetterInfo
 from fleet.registry import StepDef
@@ -120,16 +121,80 @@ class Heartbeat:
                 return
 
     def __enter__(self) -> Heartbeat:
+        with _ACTIVE_LOCK:
+            _ACTIVE[id(self)] = self
         self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        with _ACTIVE_LOCK:
+            _ACTIVE.pop(id(self), None)
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def release(self) -> bool:
+        """Give the lease up now (shutdown): stop renewing it and let it expire in the
+        store, so another worker takes the step at once instead of after the lease."""
+        self.lost.set()
+        self._stop.set()
+        return self._rt.ledger.release_lease(
+            self._lease.run_id, self._lease.step_id, self._lease.epoch
+        )
+
+
+# Attempts running in this process, for release_leases at shutdown.
+_ACTIVE: dict[int, Heartbeat] = {}
+_ACTIVE_LOCK = threading.Lock()
+
+
+def release_leases(rt: Runtime) -> int:
+    """Release the leases of this process's running attempts (of ``rt``) and send their
+    steps straight back to the queue. Their own commits, if they still come, are
+    accepted only if nobody took over meanwhile (the epoch decides)."""
+    with _ACTIVE_LOCK:
+        mine = [hb for hb in _ACTIVE.values() if hb._rt is rt]
+    released = 0
+    for hb in mine:
+        lease = hb._lease
+        if hb.release():
+            released += 1
+            run = rt.queries.run(lease.run_id)
+            if run is not None:
+                rt.dispatcher.execute(
+                    lease.run_id,
+                    lease.step_id,
+                    run.queue,
+                    shadow=step_shadow(run.workflow, lease.step_id),
+                )
+            log.warning(
+                "released the lease of step %s of run %s (epoch %d) at shutdown",
+                lease.step_id,
+                lease.run_id,
+                lease.epoch,
+            )
+    return released
 
 
 def execute(rt: Runtime, run_id: str, step_id: str) -> None:
     """Run one attempt of a step if this delivery may; otherwise say why it drops."""
+    with log_context(run_id=run_id, step_id=step_id):
+        taken = _take(rt, run_id, step_id)
+        if taken is None:
+            return
+        run, sd, lease = taken
+        with log_context(epoch=lease.epoch, attempt=lease.attempt):
+            log.info(
+                "step %s of run %s: attempt %d, epoch %d on %s",
+                step_id,
+                run_id,
+                lease.attempt,
+                lease.epoch,
+                rt.worker_name,
+            )
+            _attempt(rt, run, sd, lease)
+
+
+def _take(rt: Runtime, run_id: str, step_id: str) -> tuple[Any, StepDef, Lease] | None:
     run = rt.queries.run(run_id)
     step = rt.queries.step(run_id, step_id)
     if run is None or step is None:
@@ -137,9 +202,9 @@ def execute(rt: Runtime, run_id: str, step_id: str) -> None:
             Incident.MALFORMED_MESSAGE, run_id, step_id, detail="execute for an unknown run or step"
         )
         log.warning("execute for unknown step %s of run %s dropped", step_id, run_id)
-        return
+        return None
     if pinned_workflow(rt, run, step_id) is None:
-        return
+        return None
     sd = rt.registry.steps.get(step.name)
     if sd is None:
         rt.ledger.incident(
@@ -150,20 +215,17 @@ def execute(rt: Runtime, run_id: str, step_id: str) -> None:
             detail=f"this worker has no step named {step.name!r}",
         )
         log.error("run %s needs step %r, which this worker does not have", run_id, step.name)
-        return
+        return None
     owner = rt.worker_name
     lease = rt.ledger.take_lease(run_id, step_id, owner, rt.settings.lease_seconds)
     if isinstance(lease, TakeRefused):
         _refused(rt, run, step_id, lease, owner)
-        return
-    log.info(
-        "step %s of run %s: attempt %d, epoch %d on %s",
-        step_id,
-        run_id,
-        lease.attempt,
-        lease.epoch,
-        owner,
-    )
+        return None
+    return run, sd, lease
+
+
+def _attempt(rt: Runtime, run: Any, sd: StepDef, lease: Lease) -> None:
+    run_id, step_id = lease.run_id, lease.step_id
     earlier: IntentOutcome | None = None
     with Heartbeat(rt, lease) as hb:
         ctx = StepContext(rt, lease, hb)

@@ -21,6 +21,7 @@ from fleet import codec
 from fleet.app import Fleet
 from fleet.errors import BadInput, FleetError, StoreUnavailable
 from fleet.loader import load_fleet
+from fleet.logs import setup_logging
 from fleet.records import DeadLetterInfo
 from fleet.render import dead_letter_view, dead_letters_table, run_view, runs_table
 from fleet.states import RunStatus
@@ -72,14 +73,6 @@ def worker_queues(fleet: Fleet) -> list[str]:
     return [base, *sorted({wf.queue(base) for wf in fleet.registry.workflows.values()})]
 
 
-def _setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(processName)s[%(process)d] %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 @app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="keep the state in ./.fleet for `fleet runs`")] = False,
@@ -109,7 +102,7 @@ def worker(
 ) -> None:
     """Start a Celery worker that advances runs and executes steps."""
     fleet = _guard(lambda: _fleet(app_))
-    _setup_logging(loglevel)
+    _guard(lambda: setup_logging(loglevel))
     argv = [
         "worker",
         f"--loglevel={loglevel}",
@@ -132,7 +125,7 @@ def sweeper(
 ) -> None:
     """Re-derive lost wake-ups, expired leases and due retries from the store."""
     fleet = _guard(lambda: _fleet(app_))
-    _setup_logging(loglevel)
+    _guard(lambda: setup_logging(loglevel))
     if interval is not None:
         from dataclasses import replace
 
@@ -290,6 +283,31 @@ def follow(fleet: Fleet, run_id: str, timeout: float | None = None) -> int:
 
 def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+@app.command()
+def metrics(
+    port: Annotated[int, typer.Option(help="serve /metrics on this port")] = 9808,
+    address: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
+    app_: AppOpt = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+) -> None:
+    """Serve the fleet's figures in Prometheus format, read from the store at scrape time."""
+    fleet = _guard(lambda: _fleet(app_))
+    _guard(lambda: setup_logging(loglevel))
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from fleet.metrics import FleetCollector
+
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(fleet))
+    server, _thread = start_http_server(port, addr=address, registry=registry)
+    logging.getLogger("fleet.metrics").info("serving /metrics on %s:%d", address, port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.shutdown()
 
 
 @app.command("signal")

@@ -46,6 +46,8 @@ class Settings:
     max_blob_bytes: int = 64 * 1024 * 1024
     queue: str = "fleet"
     worker_name: str = ""
+    # After SIGTERM, running steps get this long before their leases are released.
+    shutdown_grace: float = 20.0
     # 0: derived from the lease (see ``visibility_timeout``).
     visibility_timeout_seconds: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -64,6 +66,7 @@ class Settings:
             queue=env.get("FLEET_QUEUE") or cls.queue,
             worker_name=env.get("FLEET_WORKER_NAME", ""),
             visibility_timeout_seconds=_float(env, "FLEET_VISIBILITY_TIMEOUT", 0.0),
+            shutdown_grace=_float(env, "FLEET_SHUTDOWN_GRACE", cls.shutdown_grace),
         )
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Row
 
 from fleet import codec
 from fleet.errors import FleetError, NonDeterminism, PayloadError, StepFailed
+from fleet.logs import log_context
 from fleet.registry import StepDef, WorkflowDef, check_name
 from fleet.runtime import Runtime
 from fleet.states import Incident, RunStatus, StepKind, StepStatus
@@ -245,6 +246,11 @@ def pinned_workflow(rt: Runtime, run: Row[Any], step_id: str | None = None) -> W
 def advance(rt: Runtime, run_id: str) -> None:
     """Replay the run and act on where it stands: record and dispatch the next step(s),
     or finish the run. Safe to run concurrently and repeatedly for the same run."""
+    with log_context(run_id=run_id):
+        _advance(rt, run_id)
+
+
+def _advance(rt: Runtime, run_id: str) -> None:
     run = rt.queries.run(run_id)
     if run is None:
         rt.ledger.incident(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_shutting_down
 
-from fleet.attempt import execute
+from fleet.attempt import execute, release_leases
 from fleet.dispatch import ADVANCE, EXECUTE
 from fleet.replay import advance
 from fleet.runtime import Runtime
@@ -31,6 +34,25 @@ def register(celery: Celery, rt: Runtime) -> None:
         detail = f"{task} with arguments {args!r:.200}"
         log.error("malformed message dropped: %s", detail)
         rt.ledger.incident(Incident.MALFORMED_MESSAGE, None, detail=detail)
+
+    def on_shutdown(**_: Any) -> None:
+        # Celery's warm shutdown stops taking work and waits for running tasks; we give
+        # them until the soft deadline, then release their leases and leave.
+        grace = rt.settings.shutdown_grace
+
+        def deadline() -> None:
+            released = release_leases(rt)
+            log.warning(
+                "shutdown deadline (%.1fs) passed: %d lease(s) released; exiting", grace, released
+            )
+            logging.shutdown()
+            os._exit(0)
+
+        timer = threading.Timer(grace, deadline)
+        timer.daemon = True
+        timer.start()
+
+    worker_shutting_down.connect(on_shutdown, weak=False)
 
     @celery.task(name=ADVANCE, ignore_result=True, shared=False)
     def advance_task(*args: Any) -> None:

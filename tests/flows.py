@@ -48,6 +48,7 @@ def log_event(ctx: StepContext, event: str, **extra: Any) -> None:
 def work(ctx: StepContext, i: int, seconds: float = 0.0, hold: float = 0.0) -> dict[str, Any]:
     """Square ``i``. With ``hold``, the first attempt lingers that long (to be killed or frozen)."""
     log_event(ctx, "start", i=i)
+    ctx.record_usage(model="stand-in", input_tokens=10, output_tokens=i, cost=0.001)
     if hold and ctx.attempt == 1:
         time.sleep(hold)
     time.sleep(seconds)

@@ -517,6 +517,19 @@ class Ledger:
                 == 1
             )
 
+    def release_lease(self, run_id: str, step_id: str, epoch: int) -> bool:
+        """A worker shutting down gives a held lease up: it expires now. False: it was
+        not held any more (taken over, revoked, or the step finished)."""
+        with self.db.begin() as conn:
+            return (
+                conn.execute(
+                    update(steps)
+                    .where(_held(run_id, step_id, epoch))
+                    .values(lease_expires_at=db_now() - 0.001, redispatch_at=None)
+                ).rowcount
+                == 1
+            )
+
     def commit_output(
         self,
         run_id: str,

@@ -128,6 +128,87 @@ class Queries:
         with self.db.begin() as conn:
             return conn.execute(select(blobs.c.body).where(blobs.c.digest == digest)).scalar()
 
+    def figures(self, buckets: Sequence[float]) -> dict[str, Any]:
+        """Fleet-wide figures for the metrics endpoint, all from the store, so they are
+        right however many workers there are."""
+        duration = attempts.c.finished_at - attempts.c.started_at
+        finished = attempts.c.finished_at.is_not(None)
+        with self.db.begin() as conn:
+            runs_by_status: dict[str, int] = dict(
+                conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status)).all()
+            )
+            outcomes: dict[str, int] = dict(
+                conn.execute(
+                    select(attempts.c.outcome, func.count()).group_by(attempts.c.outcome)
+                ).all()
+            )
+            incidents_by_kind: dict[str, int] = dict(
+                conn.execute(
+                    select(incidents.c.kind, func.count()).group_by(incidents.c.kind)
+                ).all()
+            )
+            dead_total, dead_open = conn.execute(
+                select(
+                    func.count(),
+                    func.coalesce(
+                        func.sum(case((dead_letters.c.replayed_at.is_(None), 1), else_=0)), 0
+                    ),
+                )
+            ).one()
+            waits_open = conn.execute(
+                select(func.count()).where(
+                    steps.c.kind == "wait",
+                    steps.c.status == "pending",
+                    runs.c.id == steps.c.run_id,
+                    runs.c.status.in_(["running", "waiting"]),
+                )
+            ).scalar_one()
+            hist = conn.execute(
+                select(
+                    *[
+                        func.coalesce(func.sum(case((duration <= b, 1), else_=0)), 0)
+                        for b in buckets
+                    ],
+                    func.count(),
+                    func.coalesce(func.sum(duration), 0.0),
+                ).where(finished)
+            ).one()
+            spend = conn.execute(
+                select(
+                    runs.c.workflow,
+                    attempts.c.model,
+                    func.sum(attempts.c.input_tokens),
+                    func.sum(attempts.c.output_tokens),
+                    func.sum(attempts.c.cost),
+                )
+                .where(runs.c.id == attempts.c.run_id)
+                .group_by(runs.c.workflow, attempts.c.model)
+            ).all()
+            live_queues = (
+                conn.execute(
+                    select(runs.c.queue)
+                    .where(runs.c.status.in_(["queued", "running", "waiting"]))
+                    .distinct()
+                )
+                .scalars()
+                .all()
+            )
+        return {
+            "runs": {str(k): int(v) for k, v in runs_by_status.items()},
+            "attempts": {str(k): int(v) for k, v in outcomes.items()},
+            "incidents": {str(k): int(v) for k, v in incidents_by_kind.items()},
+            "dead_letters": int(dead_total),
+            "dead_letters_outstanding": int(dead_open),
+            "waits_open": int(waits_open),
+            "duration_buckets": [int(v) for v in hist[: len(buckets)]],
+            "duration_count": int(hist[len(buckets)]),
+            "duration_sum": float(hist[len(buckets) + 1]),
+            "spend": [
+                (w, m or "", int(i or 0), int(o or 0), float(c or 0.0)) for w, m, i, o, c in spend
+            ],
+            "live_queues": list(live_queues),
+        }
+
     def now(self) -> float:
         with self.db.begin() as conn:
             return float(conn.execute(select(db_now())).scalar_one())

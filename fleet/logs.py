@@ -1,0 +1,82 @@
+"""Logging: human-readable by default, one JSON object per line with
+``FLEET_LOG_FORMAT=json``. Engine lines carry the run id, step id, epoch and attempt
+they concern (set with ``log_context`` where a run or a lease is taken up)."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import MappingProxyType
+from typing import Any
+
+FIELDS = ("run_id", "step_id", "epoch", "attempt")
+# Read-only mapping default: log_context always sets a new dict, never mutates one.
+_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "fleet_log", default=MappingProxyType({})
+)
+
+
+@contextmanager
+def log_context(**fields: Any) -> Iterator[None]:
+    """Attach ``fields`` (run_id, step_id, epoch, attempt) to every line logged inside."""
+    token = _context.set({**_context.get(), **fields})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in _context.get().items():
+            setattr(record, key, value)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "process": record.process,
+            "message": record.getMessage(),
+        }
+        for key in FIELDS:
+            if hasattr(record, key):
+                entry[key] = getattr(record, key)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__(
+            "%(asctime)s %(levelname)s %(processName)s[%(process)d] %(name)s: %(message)s"
+        )
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        tags = [f"{k}={getattr(record, k)}" for k in FIELDS if hasattr(record, k)]
+        return f"{line} [{' '.join(tags)}]" if tags else line
+
+
+def setup_logging(level: str = "INFO", fmt: str | None = None) -> None:
+    """Configure the root logger once, at the edge (a worker, the sweeper, the exporter)."""
+    fmt = (fmt or os.environ.get("FLEET_LOG_FORMAT") or "text").lower()
+    if fmt not in ("text", "json"):
+        from fleet.errors import BadInput
+
+        raise BadInput(f"FLEET_LOG_FORMAT={fmt!r} must be text or json")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(_ContextFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,91 @@
+"""Operating the fleet: Prometheus figures from the store, JSON logs with run context,
+and a worker that shuts down gracefully by releasing the leases it abandons."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import urllib.request
+
+from fleet import Fleet
+from fleet.procs import FleetProcess
+from tests.harness import APP, Backend, Cluster, find_event, poll
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+def _value(text: str, sample: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def test_metrics_come_from_the_store(backend: Backend, client: Fleet, cluster: Cluster) -> None:
+    cluster.worker("w1")
+    run = client.enqueue("chain", 3)
+    assert run.wait(timeout=60) == 5
+    port = _free_port()
+    exporter = FleetProcess(
+        "metrics",
+        ["metrics", "--port", str(port), "--address", "127.0.0.1", "-A", APP],
+        backend.env(),
+        backend.workdir,
+    )
+    cluster.procs.append(exporter)
+    assert exporter.wait_for_output("serving /metrics", 30), exporter.output()
+    text = _scrape(port)
+    assert _value(text, 'fleet_runs{status="succeeded"}') == 1.0
+    assert _value(text, "fleet_steps_started_total") == 3.0
+    assert _value(text, "fleet_steps_succeeded_total") == 3.0
+    assert _value(text, "fleet_fenced_writes_rejected_total") == 0.0
+    assert _value(text, "fleet_step_duration_seconds_count") == 3.0
+    assert (
+        _value(text, 'fleet_tokens_total{direction="input",model="stand-in",workflow="chain"}')
+        == 30.0
+    )
+    assert _value(text, 'fleet_cost_total{model="stand-in",workflow="chain"}') == 0.003
+    assert _value(text, 'fleet_queue_depth{queue="fleet.chain.v1"}') == 0.0
+
+
+def test_json_logs_carry_the_run_context(backend: Backend, client: Fleet, cluster: Cluster) -> None:
+    backend.extra_env["FLEET_LOG_FORMAT"] = "json"
+    worker = cluster.worker("w1")
+    run = client.enqueue("chain", 2)
+    assert run.wait(timeout=60) == 1
+    engine = [
+        json.loads(line)
+        for line in worker.output().splitlines()
+        if line.startswith("{") and '"logger": "fleet.attempt"' in line
+    ]
+    assert engine, worker.output()
+    for entry in engine:
+        assert entry["run_id"] == run.id and entry["step_id"].startswith("work#")
+        assert entry["epoch"] == 1 and entry["attempt"] == 1
+
+
+def test_sigterm_releases_abandoned_leases_at_the_soft_deadline(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    backend.lease_seconds = 60.0  # a takeover by expiry would take a minute
+    backend.extra_env["FLEET_SHUTDOWN_GRACE"] = "1"
+    leaving = cluster.worker("w1")
+    run = client.enqueue("chain", 2, 0.0, 0, 120.0)  # work#1 holds its first attempt
+    poll(lambda: find_event(backend, run.id, "work#1", "start"), 30, "work#1 to start")
+    cluster.worker("w2")
+    leaving.signal(signal.SIGTERM)
+    assert run.wait(timeout=30) == 1, "taken over at once, not after the 60 s lease"
+    poll(lambda: not leaving.alive, 30, "the worker to leave")
+    assert "lease(s) released" in leaving.output()
+    tries = [a for a in client.runtime.queries.attempts(run.id) if a.step_id == "work#1"]
+    assert [a.worker.split(":")[0] for a in tries] == ["w1", "w2"]
