@@ -8,9 +8,13 @@ import signal
 import socket
 import urllib.request
 
-from fleet import Fleet
+import pytest
+
+from fleet import Fleet, RunFailed
 from fleet.procs import FleetProcess
-from tests.harness import APP, Backend, Cluster, find_event, poll
+from fleet.replay import advance
+from fleet.store.ledger import Lease
+from tests.harness import APP, Backend, Cluster, InlineBroker, find_event, poll, starts
 
 
 def _free_port() -> int:
@@ -89,3 +93,56 @@ def test_sigterm_releases_abandoned_leases_at_the_soft_deadline(
     assert "lease(s) released" in leaving.output()
     tries = [a for a in client.runtime.queries.attempts(run.id) if a.step_id == "work#1"]
     assert [a.worker.split(":")[0] for a in tries] == ["w1", "w2"]
+
+
+def test_metrics_count_one_fenced_write_and_one_dead_letter(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fleet.metrics import FleetCollector
+
+    refusing = client.enqueue("refusing")  # one dead letter
+    inline.drain()
+    with pytest.raises(RunFailed):
+        refusing.wait(timeout=5)
+    # One fenced write: a zombie whose lease expired and was taken over commits late.
+    run = client.enqueue("chain", 1)
+    advance(client.runtime, run.id)
+    ledger = client.runtime.ledger
+    zombie = ledger.take_lease(run.id, "work#1", "zombie", 0.05)
+    assert isinstance(zombie, Lease)
+    poll(
+        lambda: isinstance(ledger.take_lease(run.id, "work#1", "fresh", 30), Lease),
+        10,
+        "the takeover",
+    )
+    assert not ledger.commit_output(run.id, "work#1", zombie.epoch, "0")
+
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(client))
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+    assert samples[("fleet_fenced_writes_rejected_total", ())] == 1
+    assert samples[("fleet_steps_dead_lettered_total", ())] == 1
+    assert samples[("fleet_dead_letters_outstanding", ())] == 1
+    assert samples[("fleet_leases_taken_over_total", ())] == 1
+    assert samples[("fleet_runs", (("status", "failed"),))] == 1
+
+
+def test_sigterm_lets_a_short_step_finish_within_the_deadline(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    backend.extra_env["FLEET_SHUTDOWN_GRACE"] = "15"
+    leaving = cluster.worker("w1")
+    run = client.enqueue("chain", 1, 0.0, 0, 1.5)  # work#1 takes 1.5 s
+    poll(lambda: find_event(backend, run.id, "work#1", "start"), 30, "work#1 to start")
+    leaving.signal(signal.SIGTERM)
+    poll(lambda: not leaving.alive, 30, "the worker to finish its step and leave")
+    assert run.wait(timeout=5) == 0
+    assert starts(backend, run.id) == {"work#1": 1}, "finished once, handed over to no one"
+    assert "lease(s) released" not in leaving.output()
