@@ -119,3 +119,32 @@ def test_a_retry_due_after_the_visibility_timeout_runs_once_per_attempt(
     assert starts(backend, run.id) == {"later#1": 2}
     tries = [a for a in client.runtime.queries.attempts(run.id)]
     assert tries[1].started_at - tries[0].finished_at >= 3.0 - 0.05
+
+
+def test_bulk_replay_and_replay_with_edited_input(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    cluster.worker("w1")
+    missing = str(backend.workdir / "still-broken")
+    runs = [client.enqueue("fanout", missing) for _ in range(3)]
+    for run in runs:
+        with pytest.raises(RunFailed):
+            run.wait(timeout=60)
+    first, *rest = client.dead_letters(workflow="fanout")
+    assert len(rest) == 2
+
+    # One, with its input edited: item 3 pointed at a marker that exists.
+    fixed = backend.workdir / "fixed"
+    fixed.write_text("ok")
+    edited = fleet_cli(backend, "dlq", "replay", str(first.id), "--input", f'[[3, "{fixed}"]]')
+    assert edited.returncode == 0, edited.stderr
+    assert client.run(first.run_id).wait(timeout=60) == [0, 10, 20, 30, 40]
+
+    # The rest in bulk, rate-limited, after the cause is fixed for them too.
+    backend.workdir.joinpath("still-broken").write_text("ok")
+    bulk = fleet_cli(backend, "dlq", "replay", "--all", "--workflow", "fanout", "--rate", "5")
+    assert bulk.returncode == 0 and "2 dead letter(s) replayed" in bulk.stdout, bulk.stderr
+    for run in runs:
+        assert run.wait(timeout=60) == [0, 10, 20, 30, 40]
+    assert client.dead_letters() == []
+    assert len(client.dead_letters(include_replayed=True)) == 3
