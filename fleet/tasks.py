@@ -25,6 +25,35 @@ def _ids(args: tuple[Any, ...], n: int) -> tuple[str, ...] | None:
     return tuple(args)
 
 
+# Every Fleet registered in this process: one shutdown handler serves them all (a
+# worker module may import another that builds its own Fleet).
+_RUNTIMES: list[Runtime] = []
+
+
+def _watch_shutdown(rt: Runtime) -> None:
+    if not _RUNTIMES:
+        worker_shutting_down.connect(_on_shutdown, weak=False)
+    _RUNTIMES.append(rt)
+
+
+def _on_shutdown(**_: Any) -> None:
+    """Celery's warm shutdown stops taking work and waits for running tasks; they get
+    until the soft deadline, then their leases are released and the process leaves."""
+    grace = min(rt.settings.shutdown_grace for rt in _RUNTIMES)
+
+    def deadline() -> None:
+        released = sum(release_leases(rt) for rt in _RUNTIMES)
+        log.warning(
+            "shutdown deadline (%.1fs) passed: %d lease(s) released; exiting", grace, released
+        )
+        logging.shutdown()
+        os._exit(0)
+
+    timer = threading.Timer(grace, deadline)
+    timer.daemon = True
+    timer.start()
+
+
 def register(celery: Celery, rt: Runtime) -> None:
     """Bind the tasks to this app only (``shared=False``): Celery's default would bind
     them to every app in the process, so a second Fleet's tasks would reach the first
@@ -35,24 +64,7 @@ def register(celery: Celery, rt: Runtime) -> None:
         log.error("malformed message dropped: %s", detail)
         rt.ledger.incident(Incident.MALFORMED_MESSAGE, None, detail=detail)
 
-    def on_shutdown(**_: Any) -> None:
-        # Celery's warm shutdown stops taking work and waits for running tasks; we give
-        # them until the soft deadline, then release their leases and leave.
-        grace = rt.settings.shutdown_grace
-
-        def deadline() -> None:
-            released = release_leases(rt)
-            log.warning(
-                "shutdown deadline (%.1fs) passed: %d lease(s) released; exiting", grace, released
-            )
-            logging.shutdown()
-            os._exit(0)
-
-        timer = threading.Timer(grace, deadline)
-        timer.daemon = True
-        timer.start()
-
-    worker_shutting_down.connect(on_shutdown, weak=False)
+    _watch_shutdown(rt)
 
     @celery.task(name=ADVANCE, ignore_result=True, shared=False)
     def advance_task(*args: Any) -> None:
