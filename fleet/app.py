@@ -17,7 +17,7 @@ from fleet.dispatch import Dispatcher
 from fleet.errors import BadInput, RunFailed, StoreUnavailable, UnknownRun, WaitTimeout
 from fleet.policy import RetryPolicy
 from fleet.records import DeadLetterInfo, StepInfo
-from fleet.registry import Registry, StepDef, WorkflowDef, check_name
+from fleet.registry import Registry, StepDef, WorkflowDef, check_budget, check_name
 from fleet.replay import step_shadow
 from fleet.runtime import Runtime
 from fleet.states import RunStatus
@@ -174,13 +174,18 @@ class Fleet:
         name: str | None = None,
         version: str = "1",
         pins: Mapping[str, Any] | None = None,
+        budget: Mapping[str, float] | None = None,
     ) -> Any:
         """Register a workflow: ``@fleet.workflow(version="1", pins={"model": ...})``."""
 
         def decorate(f: Callable[..., Any]) -> WorkflowDef:
             return self.registry.add_workflow(
                 WorkflowDef(
-                    name=name or f.__name__, fn=f, version=str(version), pins=dict(pins or {})
+                    name=name or f.__name__,
+                    fn=f,
+                    version=str(version),
+                    pins=dict(pins or {}),
+                    budget=budget,
                 )
             )
 
@@ -211,10 +216,19 @@ class Fleet:
     # --- runs -------------------------------------------------------------------------
 
     def enqueue(
-        self, workflow: WorkflowDef | str, *args: Any, run_id: str | None = None, **kwargs: Any
+        self,
+        workflow: WorkflowDef | str,
+        *args: Any,
+        run_id: str | None = None,
+        budget: Mapping[str, float] | None = None,
+        **kwargs: Any,
     ) -> RunHandle:
-        """Start a run. With ``run_id``, idempotent: the same id twice is one run, started once."""
+        """Start a run. With ``run_id``, idempotent: the same id twice is one run, started
+        once. ``budget={"tokens": N}`` and/or ``{"cost": X}`` (default: the workflow's):
+        no step starts once the run's recorded spend reaches it; the run parks as
+        ``needs_decision`` until ``raise_budget`` or ``cancel``."""
         wf = self.registry.workflow(workflow)
+        budget_tokens, budget_cost = check_budget(budget if budget is not None else wf.budget)
         if run_id is not None and (
             not run_id or len(run_id) > MAX_RUN_ID or not run_id.isprintable()
         ):
@@ -226,7 +240,9 @@ class Fleet:
             {"args": list(args), "kwargs": kwargs}, what=f"arguments of workflow {wf.name}"
         )
         queue = wf.queue(self.settings.queue)
-        if self.runtime.ledger.create_run(rid, wf.name, wf.version, pins, payload, queue):
+        if self.runtime.ledger.create_run(
+            rid, wf.name, wf.version, pins, payload, queue, budget_tokens, budget_cost
+        ):
             self.runtime.dispatcher.advance(rid, queue)
         else:
             existing = self.runtime.queries.run(rid)
@@ -312,6 +328,22 @@ class Fleet:
             )
         else:
             self.runtime.dispatcher.advance(run_id, row.queue)
+
+    def raise_budget(
+        self, run_id: str, tokens: int | None = None, cost: float | None = None
+    ) -> None:
+        """Let a run parked on its budget go on, with the new limit(s)."""
+        new_tokens, new_cost = check_budget(
+            {k: v for k, v in (("tokens", tokens), ("cost", cost)) if v is not None}
+        )
+        row = self.run(run_id)._row()
+        if not self.runtime.ledger.raise_budget(run_id, new_tokens, new_cost):
+            raise BadInput(f"run {run_id} is {row.status}, not waiting on its budget")
+        for step in self.runtime.queries.steps(run_id):
+            if step.kind == "task" and step.status == "pending":
+                self.runtime.dispatcher.execute(
+                    run_id, step.step_id, row.queue, shadow=step_shadow(row.workflow, step.step_id)
+                )
 
     def signal(self, run_id: str, name: str, payload: Any = None) -> None:
         """Send ``payload`` to the run's ``wf.wait_for(name)``: now, or kept until it waits.

@@ -312,6 +312,16 @@ def _refused(rt: Runtime, run: Any, step_id: str, why: TakeRefused, owner: str) 
             "every attempt crashed its worker",
         )
         return
+    if why is TakeRefused.OVER_BUDGET:
+        if rt.ledger.park_over_budget(run.id):
+            log.warning(
+                "run %s reached its budget before step %s: it needs a decision "
+                "(fleet resolve %s --raise-budget tokens=N | cost=X, or fleet cancel)",
+                run.id,
+                step_id,
+                run.id,
+            )
+        return
     if why is TakeRefused.NOT_DUE:
         _resend_when_due(rt, run, step_id)
         return

@@ -330,19 +330,40 @@ def signal_(
 @app.command()
 def resolve(
     run_id: str,
-    step_id: str,
+    step_id: Annotated[str | None, typer.Argument(help="the in-doubt effect step")] = None,
     output: Annotated[
         str | None, typer.Option(help="it happened; this is what it returned (JSON)")
     ] = None,
     retry: Annotated[bool, typer.Option(help="it did not happen: run it again, same key")] = False,
+    raise_budget: Annotated[
+        str | None, typer.Option("--raise-budget", help="tokens=N or cost=X: let it go on")
+    ] = None,
     app_: AppOpt = None,
 ) -> None:
-    """Settle an in-doubt effect of a run that needs a decision."""
+    """Settle a run that needs a decision: an in-doubt effect, or a reached budget."""
 
     def body() -> None:
-        if (output is None) == (not retry):
-            raise BadInput("give exactly one of --output JSON or --retry")
         fleet = _fleet(app_)
+        if raise_budget is not None:
+            if step_id is not None or output is not None or retry:
+                raise BadInput("--raise-budget takes only the run id")
+            key, _, value = raise_budget.partition("=")
+            try:
+                amount = float(value)
+            except ValueError:
+                raise BadInput(
+                    f"--raise-budget {raise_budget!r}: expected tokens=N or cost=X"
+                ) from None
+            if key == "tokens":
+                fleet.raise_budget(run_id, tokens=int(amount))
+            elif key == "cost":
+                fleet.raise_budget(run_id, cost=amount)
+            else:
+                raise BadInput(f"--raise-budget {raise_budget!r}: expected tokens=N or cost=X")
+            console.print(f"run {run_id}: budget raised to {raise_budget}; the run goes on")
+            return
+        if step_id is None or (output is None) == (not retry):
+            raise BadInput("give STEP_ID and exactly one of --output JSON or --retry")
         if retry:
             fleet.resolve(run_id, step_id, retry=True)
         else:

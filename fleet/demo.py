@@ -22,6 +22,7 @@ from rich.text import Text
 from fleet.app import Fleet
 from fleet.config import Settings
 from fleet.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
+from fleet.records import saved_by_resume
 from fleet.render import status_text
 
 APP = "tasks"
@@ -37,7 +38,6 @@ TIMEOUT = 120.0
 class Story:
     events: list[str] = field(default_factory=list)
     killed_worker: str = ""
-    killed_at: float | None = None  # on the store's clock
     resumed: bool = False
 
     def say(self, text: str) -> None:
@@ -145,7 +145,6 @@ def _maybe_kill(client: Fleet, steps: list[Any], procs: list[FleetProcess], stor
     victim = next((p for p in procs if str(p.pid) == pid), None)
     if victim is None:
         return
-    story.killed_at = client.runtime.queries.now()
     victim.signal(signal.SIGKILL)
     story.killed_worker = name
     story.say(
@@ -203,7 +202,7 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
     console.print(table)
 
     rerun = [s.step_id for s in steps if len(by_step[s.step_id]) > 1]
-    saved = _saved_by_resume(by_step, story.killed_at)
+    saved = saved_by_resume(q.attempts(run_id))
     cost = Table(title="what the crash cost", show_header=True)
     for col in ("", "steps", "model calls", "tokens", "cost"):
         cost.add_column(col)
@@ -235,26 +234,6 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
         console.print(Panel(report, title=f"result · run {run_id} succeeded"))
     else:
         console.print(f"[red]run {run_id} {run.status}[/red]: {run.error}")
-
-
-def _saved_by_resume(by_step: dict[str, list[Any]], killed_at: float | None) -> dict[str, Any]:
-    """What the checkpoints saved: the steps finished before the kill, and their spend."""
-    saved = {"steps": 0, "calls": 0, "tokens": 0, "cost": 0.0}
-    if killed_at is None:
-        return saved
-    for atts in by_step.values():
-        done = [
-            a
-            for a in atts
-            if a.outcome == "done" and a.finished_at is not None and a.finished_at <= killed_at
-        ]
-        if done:
-            saved["steps"] += 1
-            for a in done:
-                saved["calls"] += a.calls
-                saved["tokens"] += a.input_tokens + a.output_tokens
-                saved["cost"] += a.cost
-    return saved
 
 
 def _no_completed_step_ran_twice(client: Fleet, run_id: str, story: Story) -> bool:

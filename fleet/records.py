@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,3 +57,28 @@ class DeadLetterInfo:
             last_failed_at=row.last_failed_at,
             replayed_at=row.replayed_at,
         )
+
+
+def saved_by_resume(attempts: Sequence[Any]) -> dict[str, Any]:
+    """What checkpoints saved: for each attempt lost with its worker or fenced (a crash
+    or a takeover), the steps already checkpointed at that moment and what they had
+    spent: what a restart from step one would have spent again. Summed over crashes."""
+    done = [a for a in attempts if a.outcome == "done" and a.finished_at is not None]
+    saved: dict[str, Any] = {"crashes": 0, "steps": 0, "calls": 0, "tokens": 0, "cost": 0.0}
+    for lost in (a for a in attempts if a.outcome in ("lost", "fenced")):
+        # The moment of the crash as the store saw it: when another attempt took over.
+        takeover = next(
+            (
+                a.started_at
+                for a in attempts
+                if a.step_id == lost.step_id and a.epoch == lost.epoch + 1
+            ),
+            lost.finished_at or lost.started_at,
+        )
+        before = [d for d in done if d.finished_at <= takeover]
+        saved["crashes"] += 1
+        saved["steps"] += len({d.step_id for d in before})
+        saved["calls"] += sum(d.calls for d in before)
+        saved["tokens"] += sum(d.input_tokens + d.output_tokens for d in before)
+        saved["cost"] += sum(d.cost for d in before)
+    return saved

@@ -43,6 +43,7 @@ class WorkflowDef:
     fn: Callable[..., Any]
     version: str
     pins: Mapping[str, Any] = field(default_factory=dict)
+    budget: Mapping[str, float] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"workflow {self.name!r} runs durably: start it with fleet.enqueue(...)")
@@ -58,6 +59,22 @@ class WorkflowDef:
 
     def pinned_to(self, version: str, pins: Mapping[str, Any]) -> bool:
         return self.version == version and dict(self.pins) == dict(pins)
+
+
+def check_budget(budget: Mapping[str, Any] | None) -> tuple[int | None, float | None]:
+    """``{"tokens": N}`` and/or ``{"cost": X}`` → (tokens, cost); a clear error otherwise."""
+    if budget is None:
+        return None, None
+    unknown = set(budget) - {"tokens", "cost"}
+    if unknown or not budget:
+        raise BadInput(f"budget {dict(budget)!r} must have 'tokens' and/or 'cost'")
+    tokens, cost = budget.get("tokens"), budget.get("cost")
+    for key, value in (("tokens", tokens), ("cost", cost)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        ):
+            raise BadInput(f"budget {key} must be a positive number, got {value!r}")
+    return (None if tokens is None else int(tokens)), (None if cost is None else float(cost))
 
 
 def check_name(name: str, what: str) -> str:

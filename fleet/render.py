@@ -11,6 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from fleet.records import saved_by_resume
 from fleet.states import RunStatus
 
 STATUS_STYLE = {
@@ -88,7 +89,35 @@ def run_view(
     head.add_row("workflow", f"{run.workflow} version {run.version}{pins}")
     head.add_row("queue", f"{run.queue} (served by workers that have this version)")
     head.add_row("status", status_text(run.status))
-    head.add_row("spend", f"{spend(usage)} in {usage['calls']} model call(s)")
+    limits = [
+        f"{run.budget_tokens:,} tokens" if run.budget_tokens else "",
+        f"${run.budget_cost:.4f}" if run.budget_cost else "",
+    ]
+    budget = " and ".join(x for x in limits if x)
+    head.add_row(
+        "spend",
+        f"{spend(usage)} in {usage['calls']} model call(s)"
+        + (f" (budget {budget})" if budget else ""),
+    )
+    saved = saved_by_resume(attempts)
+    if saved["crashes"]:
+        head.add_row(
+            "saved by resume",
+            (
+                f"{saved['crashes']} crash(es): {saved['steps']} checkpointed step(s) not run "
+                f"again, {saved['calls']} model call(s), {saved['tokens']:,} tokens, "
+                f"${saved['cost']:.4f}"
+            ),
+        )
+    if run.status == "needs_decision" and run.decision == "budget":
+        head.add_row(
+            "needs a decision",
+            Text(
+                f"budget reached: fleet resolve {run.id} --raise-budget tokens=N (or cost=X), "
+                f"or fleet cancel {run.id}",
+                style="magenta",
+            ),
+        )
     if incidents.get("version_mismatch") and not RunStatus(run.status).finished:
         head.add_row(
             "waits for",

@@ -47,8 +47,9 @@ def log_event(ctx: StepContext, event: str, **extra: Any) -> None:
 @fleet.step(retry=RetryPolicy(max_attempts=5, initial_delay=0.1, max_delay=1.0))
 def work(ctx: StepContext, i: int, seconds: float = 0.0, hold: float = 0.0) -> dict[str, Any]:
     """Square ``i``. With ``hold``, the first attempt lingers that long (to be killed or frozen)."""
-    log_event(ctx, "start", i=i)
+    # Usage first: a test that sees "start" knows this attempt's spend is recorded.
     ctx.record_usage(model="stand-in", input_tokens=10, output_tokens=i, cost=0.001)
+    log_event(ctx, "start", i=i)
     if hold and ctx.attempt == 1:
         time.sleep(hold)
     time.sleep(seconds)
@@ -376,3 +377,46 @@ def use_secret(ctx: StepContext, key: Secret, leak: bool = False) -> Any:
 @fleet.workflow(version="1")
 def secretive(wf: WorkflowContext, leak: bool = False) -> Any:
     return wf.step(use_secret, Secret.env("FLEET_TEST_SECRET"), leak)
+
+
+# --- spend ------------------------------------------------------------------------------
+
+
+@fleet.step
+def spend(ctx: StepContext, i: int) -> int:
+    """Records 10 tokens as soon as it starts, then works a little."""
+    ctx.record_usage(model="stand-in", input_tokens=5, output_tokens=5, cost=0.01)
+    log_event(ctx, "start", i=i)
+    time.sleep(0.3)
+    return i
+
+
+@fleet.workflow(version="1")
+def spender(wf: WorkflowContext, n: int) -> int:
+    return sum(wf.map(spend, range(n)))
+
+
+@fleet.workflow(version="1", budget={"cost": 0.01})
+def thrifty(wf: WorkflowContext) -> int:
+    """A workflow-level default budget: the first step's spend reaches it."""
+    return int(wf.step(spend, 1)) + int(wf.step(spend, 2))
+
+
+@fleet.step
+def ask_llm(ctx: StepContext, prompt: str) -> str:
+    """One chat completion from an OpenAI-compatible server, usage recorded by fleet.llm."""
+    from openai import OpenAI
+
+    from fleet.llm import recording
+
+    client = OpenAI(base_url=os.environ["FLEET_TEST_LLM_URL"], api_key="stub", max_retries=0)
+    llm = recording(client, ctx, prices={"stub-model": (0.000001, 0.000002)})
+    reply = llm.chat.completions.create(
+        model="stub-model", messages=[{"role": "user", "content": prompt}]
+    )
+    return str(reply.choices[0].message.content)
+
+
+@fleet.workflow(version="1")
+def asker(wf: WorkflowContext, prompts: list[str]) -> list[str]:
+    return [str(wf.step(ask_llm, p)) for p in prompts]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import and_, case, exists, insert, literal, or_, select, update
+from sqlalchemy import and_, case, exists, func, insert, literal, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -56,6 +56,31 @@ def _takeable(now: Any) -> Any:
 
 def _run_is(run_id: Any, *statuses: RunStatus) -> Any:
     return exists().where(runs.c.id == run_id, runs.c.status.in_(list(statuses)))
+
+
+def _spent_tokens(run_id: Any) -> Any:
+    return (
+        select(func.coalesce(func.sum(attempts.c.input_tokens + attempts.c.output_tokens), 0))
+        .where(attempts.c.run_id == run_id)
+        .scalar_subquery()
+    )
+
+
+def _spent_cost(run_id: Any) -> Any:
+    return (
+        select(func.coalesce(func.sum(attempts.c.cost), 0.0))
+        .where(attempts.c.run_id == run_id)
+        .scalar_subquery()
+    )
+
+
+def _within_budget(run_id: Any) -> Any:
+    """The run's recorded spend (every attempt's) is below each limit it has."""
+    return exists().where(
+        runs.c.id == run_id,
+        or_(runs.c.budget_tokens.is_(None), _spent_tokens(run_id) < runs.c.budget_tokens),
+        or_(runs.c.budget_cost.is_(None), _spent_cost(run_id) < runs.c.budget_cost),
+    )
 
 
 def _step(run_id: str, step_id: str) -> Any:
@@ -115,6 +140,7 @@ class TakeRefused(StrEnum):
     NOT_DUE = "not_due"  # a retry woken early; the sweeper sends it when due
     RUN_NOT_LIVE = "run_not_live"  # the run was cancelled or has finished
     EXHAUSTED = "exhausted"  # the attempt cap was spent by crashed attempts
+    OVER_BUDGET = "over_budget"  # the run's spend has reached its budget
 
 
 class ReplayRefused(StrEnum):
@@ -166,7 +192,15 @@ class Ledger:
     # --- runs -----------------------------------------------------------------
 
     def create_run(
-        self, run_id: str, workflow: str, version: str, pins: str, args: str, queue: str
+        self,
+        run_id: str,
+        workflow: str,
+        version: str,
+        pins: str,
+        args: str,
+        queue: str,
+        budget_tokens: int | None = None,
+        budget_cost: float | None = None,
     ) -> bool:
         """Insert a queued run; False when ``run_id`` exists already (enqueue is idempotent)."""
         now = db_now()
@@ -182,6 +216,8 @@ class Ledger:
                     args=args,
                     queue=queue,
                     status=RunStatus.QUEUED,
+                    budget_tokens=budget_tokens,
+                    budget_cost=budget_cost,
                     wake_seq=1,
                     advanced_seq=0,
                     dispatches=0,
@@ -433,6 +469,9 @@ class Ledger:
                     steps.c.attempts < steps.c.max_attempts,
                     _takeable(now),
                     _run_is(run_id, RunStatus.RUNNING),
+                    # Checked in the same statement that starts the step: however many
+                    # workers race, none starts a step once the budget is reached.
+                    _within_budget(run_id),
                 )
                 .values(
                     status=StepStatus.RUNNING,
@@ -491,6 +530,7 @@ class Ledger:
                 steps.c.max_attempts,
                 _takeable(now).label("takeable"),
                 _run_is(run_id, RunStatus.RUNNING).label("run_live"),
+                _within_budget(run_id).label("within_budget"),
             ).where(_step(run_id, step_id))
         ).first()
         if row is None:
@@ -501,6 +541,8 @@ class Ledger:
             return TakeRefused.RUN_NOT_LIVE
         if row.takeable and row.attempts >= row.max_attempts:
             return TakeRefused.EXHAUSTED
+        if row.takeable and not row.within_budget:
+            return TakeRefused.OVER_BUDGET
         if row.status == StepStatus.RUNNING:
             return TakeRefused.LEASE_LIVE
         return TakeRefused.NOT_DUE
@@ -853,7 +895,7 @@ class Ledger:
             conn.execute(
                 update(runs)
                 .where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING)
-                .values(status=RunStatus.NEEDS_DECISION, updated_at=now)
+                .values(status=RunStatus.NEEDS_DECISION, decision="effect", updated_at=now)
             )
             self._incident(conn, Incident.EFFECT_IN_DOUBT, run_id, step_id, epoch, None)
             return True
@@ -896,9 +938,52 @@ class Ledger:
             conn.execute(
                 update(runs)
                 .where(runs.c.id == run_id, runs.c.status == RunStatus.NEEDS_DECISION)
-                .values(status=RunStatus.RUNNING, updated_at=now)
+                .values(status=RunStatus.RUNNING, decision=None, updated_at=now)
             )
             _wake(conn, run_id, self.grace)
+            return True
+
+    def park_over_budget(self, run_id: str) -> bool:
+        """running → needs_decision ("budget"), re-checking in the same statement that
+        the recorded spend has reached the budget. False: not (or no longer) over it."""
+        with self.db.begin() as conn:
+            return bool(
+                conn.execute(
+                    update(runs)
+                    .where(
+                        runs.c.id == run_id,
+                        runs.c.status == RunStatus.RUNNING,
+                        ~_within_budget(run_id),
+                    )
+                    .values(status=RunStatus.NEEDS_DECISION, decision="budget", updated_at=db_now())
+                ).rowcount
+            )
+
+    def raise_budget(self, run_id: str, tokens: int | None, cost: float | None) -> bool:
+        """needs_decision ("budget") → running with new limits; the run's takeable steps
+        become due for the sweeper at once. False: the run was not parked for budget."""
+        now = db_now()
+        values: dict[str, Any] = {"status": RunStatus.RUNNING, "decision": None, "updated_at": now}
+        if tokens is not None:
+            values["budget_tokens"] = tokens
+        if cost is not None:
+            values["budget_cost"] = cost
+        with self.db.begin() as conn:
+            if not conn.execute(
+                update(runs)
+                .where(
+                    runs.c.id == run_id,
+                    runs.c.status == RunStatus.NEEDS_DECISION,
+                    runs.c.decision == "budget",
+                )
+                .values(**values)
+            ).rowcount:
+                return False
+            conn.execute(
+                update(steps)
+                .where(steps.c.run_id == run_id, steps.c.kind == StepKind.TASK, _takeable(now))
+                .values(redispatch_at=now, dispatches=0)
+            )
             return True
 
     def put_blob(self, digest: str, body: str) -> None:

@@ -6,7 +6,16 @@ Migrations live beside this module (``migrations/``); a change here needs one th
 
 from __future__ import annotations
 
-from sqlalchemy import CheckConstraint, Column, Float, Index, Integer, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Float,
+    Index,
+    Integer,
+    Text,
+    UniqueConstraint,
+)
 from sqlmodel import Field, SQLModel
 
 from fleet.states import (
@@ -48,6 +57,11 @@ class Run(SQLModel, table=True):
     created_at: float = Field(sa_column=Column(Float, nullable=False))
     updated_at: float = Field(sa_column=Column(Float, nullable=False))
     finished_at: float | None = Field(default=None, sa_column=Column(Float))
+    # Spend limits (None: unlimited); a step never starts once spend has reached them.
+    budget_tokens: int | None = Field(default=None, sa_column=Column(BigInteger))
+    budget_cost: float | None = Field(default=None, sa_column=Column(Float))
+    # Why a run in needs_decision waits: "effect" (an effect in doubt) or "budget".
+    decision: str | None = Field(default=None, max_length=20)
 
 
 class Step(SQLModel, table=True):

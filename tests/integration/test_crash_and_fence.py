@@ -6,7 +6,9 @@ from __future__ import annotations
 import signal
 
 from fleet import Fleet
+from fleet.records import saved_by_resume
 from fleet.replay import advance, step_shadow
+from tests.e2e.test_cli import fleet_cli
 from tests.harness import Backend, Cluster, executions, find_event, poll, starts
 
 N = 12
@@ -38,6 +40,17 @@ def test_sigkill_mid_step_resumes_at_that_step(
     killed = next(s for s in run.steps() if s.id == f"work#{k + 1}")
     assert (killed.status, killed.attempts, killed.epoch) == ("done", 2, 2)
     assert client.runtime.queries.incident_counts(run.id).get("takeover") == 1
+    # work#i records 10 + i tokens as it starts: the killed attempt's spend is kept (it
+    # was really spent), and resuming saved what the six checkpointed steps had spent.
+    assert run.usage()["tokens"] == sum(10 + i for i in range(N)) + (10 + k)
+    saved = saved_by_resume(client.runtime.queries.attempts(run.id))
+    assert (saved["crashes"], saved["steps"], saved["tokens"]) == (
+        1,
+        k,
+        sum(10 + i for i in range(k)),
+    )
+    status = fleet_cli(backend, "status", run.id)
+    assert "saved by resume" in status.stdout and "6 checkpointed step(s)" in status.stdout
 
 
 def test_frozen_worker_is_fenced_when_it_wakes(
