@@ -32,6 +32,11 @@ log = logging.getLogger("fleet.attempt")
 COUNTDOWN_LIMIT = 60.0
 
 
+def _countdown_limit(rt: Runtime) -> float:
+    """The longest retry delay sent as a countdown message rather than kept in the store."""
+    return min(COUNTDOWN_LIMIT, rt.settings.visibility_timeout / 2)
+
+
 class LeaseLost(FleetError):
     """This attempt's lease was taken over or revoked; its result will not be recorded."""
 
@@ -338,7 +343,7 @@ def _resend_when_due(rt: Runtime, run: Any, step_id: str) -> None:
     if step is None or step.due_at is None:
         return
     remaining = step.due_at - rt.queries.now()
-    if 0 < remaining <= min(COUNTDOWN_LIMIT, rt.settings.visibility_timeout / 2):
+    if 0 < remaining <= _countdown_limit(rt):
         rt.dispatcher.execute(
             run.id,
             step_id,
@@ -361,7 +366,7 @@ def _failed(rt: Runtime, run: Any, sd: StepDef, lease: Lease, exc: Exception) ->
             max_attempts=sd.retry.max_attempts,
         )
     if verdict is Verdict.RETRY:
-        countdown = delay <= min(COUNTDOWN_LIMIT, rt.settings.visibility_timeout / 2)
+        countdown = delay <= _countdown_limit(rt)
         if rt.ledger.schedule_retry(
             run.id, lease.step_id, lease.epoch, delay, error, countdown=countdown
         ):

@@ -23,7 +23,7 @@ from fleet.errors import BadInput, FleetError, StoreUnavailable
 from fleet.loader import load_fleet
 from fleet.logs import setup_logging
 from fleet.records import DeadLetterInfo
-from fleet.render import dead_letter_view, dead_letters_table, run_view, runs_table
+from fleet.render import clip, dead_letter_view, dead_letters_table, run_view, runs_table
 from fleet.states import RunStatus
 from fleet.sweeper import run_sweeper
 
@@ -273,16 +273,12 @@ def follow(fleet: Fleet, run_id: str, timeout: float | None = None) -> int:
                 return 1
             time.sleep(0.2)
     if run.status == RunStatus.SUCCEEDED:
-        console.print(f"[green]succeeded[/green]: {_clip(run.result or '', 500)}")
+        console.print(f"[green]succeeded[/green]: {clip(run.result or '', 500)}")
         return 0
     console.print(
         f"[red]{run.status}[/red]: {(run.error or '').splitlines()[0] if run.error else ''}"
     )
     return 1
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 @app.command()

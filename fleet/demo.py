@@ -8,7 +8,6 @@ import shutil
 import signal
 import tempfile
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from rich.text import Text
 from fleet.app import Fleet
 from fleet.config import Settings
 from fleet.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
-from fleet.records import saved_by_resume
+from fleet.records import attempts_by_step, saved_by_resume
 from fleet.render import status_text
 
 APP = "tasks"
@@ -185,15 +184,13 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
     run = q.run(run_id)
     assert run is not None
     steps = [s for s in q.steps(run_id) if s.kind == "task"]
-    by_step: dict[str, list[Any]] = defaultdict(list)
-    for a in q.attempts(run_id):
-        by_step[a.step_id].append(a)
+    by_step = attempts_by_step(q.attempts(run_id))
 
     table = Table(title="every step")
     for col in ("step", "ran", "on", "epoch", "status"):
         table.add_column(col)
     for s in steps:
-        atts = by_step[s.step_id]
+        atts = by_step.get(s.step_id, [])
         on = ", ".join(
             f"{a.worker.rsplit(':', 1)[0]}" + ("" if a.outcome == "done" else f" ({a.outcome})")
             for a in atts
@@ -201,7 +198,7 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
         table.add_row(s.step_id, str(len(atts)), on, str(s.epoch), status_text(s.status))
     console.print(table)
 
-    rerun = [s.step_id for s in steps if len(by_step[s.step_id]) > 1]
+    rerun = [s.step_id for s in steps if len(by_step.get(s.step_id, [])) > 1]
     saved = saved_by_resume(q.attempts(run_id))
     cost = Table(title="what the crash cost", show_header=True)
     for col in ("", "steps", "model calls", "tokens", "cost"):
@@ -239,9 +236,7 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
 def _no_completed_step_ran_twice(client: Fleet, run_id: str, story: Story) -> bool:
     if not story.killed_worker:
         return False  # the story did not happen: nothing was shown
-    by_step: dict[str, list[Any]] = defaultdict(list)
-    for a in client.runtime.queries.attempts(run_id):
-        by_step[a.step_id].append(a)
+    by_step = attempts_by_step(client.runtime.queries.attempts(run_id))
     return all(
         sum(a.outcome == "done" for a in atts) == 1
         and (len(atts) == 1 or atts[0].outcome in ("lost", "fenced"))

@@ -59,6 +59,14 @@ class DeadLetterInfo:
         )
 
 
+def attempts_by_step(attempts: Sequence[Any]) -> dict[str, list[Any]]:
+    """Attempt rows grouped by step id, in the order given."""
+    grouped: dict[str, list[Any]] = {}
+    for a in attempts:
+        grouped.setdefault(a.step_id, []).append(a)
+    return grouped
+
+
 def saved_by_resume(attempts: Sequence[Any]) -> dict[str, Any]:
     """What checkpoints saved: for each attempt lost with its worker or fenced (a crash
     or a takeover), the steps already checkpointed at that moment and what they had

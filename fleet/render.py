@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from fleet.records import saved_by_resume
+from fleet.records import attempts_by_step, saved_by_resume
 from fleet.states import RunStatus
 
 STATUS_STYLE = {
@@ -130,7 +129,7 @@ def run_view(
     if incidents:
         head.add_row("incidents", ", ".join(f"{k}: {v}" for k, v in sorted(incidents.items())))
     if run.result is not None:
-        head.add_row("result", Text(_clip(run.result, 300)))
+        head.add_row("result", Text(clip(run.result, 300)))
     if run.error:
         head.add_row("error", Text(run.error.splitlines()[0] if run.error else "", style="red"))
     parts: list[Any] = [head, steps_table(steps, attempts)]
@@ -160,9 +159,7 @@ def run_view(
 
 
 def steps_table(steps: Sequence[Any], attempts: Sequence[Any]) -> Table:
-    by_step: dict[str, list[Any]] = defaultdict(list)
-    for a in attempts:
-        by_step[a.step_id].append(a)
+    by_step = attempts_by_step(attempts)
     table = Table(title="steps")
     for col in ("step", "status", "attempts", "epoch", "workers", "spend", "error"):
         table.add_column(col)
@@ -180,12 +177,13 @@ def steps_table(steps: Sequence[Any], attempts: Sequence[Any]) -> Table:
             str(s.epoch),
             workers,
             f"{tokens:,} tok ${cost:.4f}" if atts else "-",
-            _clip(s.error or "", 60),
+            clip(s.error or "", 60),
         )
     return table
 
 
-def _clip(text: str, n: int) -> str:
+def clip(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters, with an ellipsis when cut."""
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -201,7 +199,7 @@ def dead_letters_table(letters: Sequence[Any]) -> Table:
             d.run_id,
             d.workflow,
             d.step_id,
-            _clip(d.error, 60),
+            clip(d.error, 60),
             str(d.attempts),
             ago(d.last_failed_at),
             ago(d.replayed_at) if d.replayed_at else "-",

@@ -960,8 +960,9 @@ class Ledger:
             )
 
     def raise_budget(self, run_id: str, tokens: int | None, cost: float | None) -> bool:
-        """needs_decision ("budget") → running with new limits; the run's takeable steps
-        become due for the sweeper at once. False: the run was not parked for budget."""
+        """needs_decision ("budget") → running with new limits. The caller sends the run's
+        takeable steps; the sweeper re-sends them after grace if that is lost. False: the
+        run was not parked for budget."""
         now = db_now()
         values: dict[str, Any] = {"status": RunStatus.RUNNING, "decision": None, "updated_at": now}
         if tokens is not None:
@@ -982,7 +983,7 @@ class Ledger:
             conn.execute(
                 update(steps)
                 .where(steps.c.run_id == run_id, steps.c.kind == StepKind.TASK, _takeable(now))
-                .values(redispatch_at=now, dispatches=0)
+                .values(redispatch_at=now + self.grace, dispatches=0)
             )
             return True
 
