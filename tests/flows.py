@@ -19,29 +19,14 @@ from fleet import (
     StepFailed,
     WorkflowContext,
 )
+from tests.provider import append_event, provider_apply, provider_lookup
 
 fleet = Fleet("testflows")
 celery_app = fleet.celery
 
 
 def log_event(ctx: StepContext, event: str, **extra: Any) -> None:
-    path = os.environ.get("FLEET_TEST_LOG")
-    if not path:
-        return
-    line = json.dumps(
-        {
-            "run": ctx.run_id,
-            "step": ctx.step_id,
-            "epoch": ctx.epoch,
-            "attempt": ctx.attempt,
-            "pid": os.getpid(),
-            "event": event,
-            **extra,
-        }
-    )
-    # O_APPEND writes of one short line are atomic across processes.
-    with open(path, "a") as f:
-        f.write(line + "\n")
+    append_event("FLEET_TEST_LOG", ctx, event, **extra)
 
 
 @fleet.step(retry=RetryPolicy(max_attempts=5, initial_delay=0.1, max_delay=1.0))
@@ -265,38 +250,7 @@ def napper(wf: WorkflowContext, seconds: float) -> float:
 
 
 # --- effects ----------------------------------------------------------------------------
-# A stand-in provider outside the store: it records every call by idempotency key and
-# applies the first one per key, as a real mail or payment API with idempotency keys does.
-
-
-def _provider_path() -> str:
-    return os.environ.get("FLEET_TEST_PROVIDER", "provider.jsonl")
-
-
-def provider_calls(path: str) -> list[dict[str, Any]]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def provider_apply(key: str, body: str) -> dict[str, Any]:
-    import fcntl
-
-    with open(_provider_path(), "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        earlier = [json.loads(line) for line in f if line.strip()]
-        applied = next((c for c in earlier if c["key"] == key and c["applied"]), None)
-        f.write(json.dumps({"key": key, "body": body, "applied": applied is None}) + "\n")
-    return {"receipt": key, "body": applied["body"] if applied else body}
-
-
-def provider_lookup(key: str) -> dict[str, Any] | None:
-    applied = next(
-        (c for c in provider_calls(_provider_path()) if c["key"] == key and c["applied"]), None
-    )
-    return None if applied is None else {"receipt": key, "body": applied["body"]}
+# The stand-in provider (tests/provider.py) records every call by idempotency key.
 
 
 def _send(ctx: StepContext, body: str, die_after: bool) -> dict[str, Any]:

@@ -27,16 +27,25 @@ APP = "tests.flows"
 T = TypeVar("T")
 
 
-def poll(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Call ``check`` until it returns something truthy; fail naming ``what`` at the deadline."""
+def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Call ``check`` until it returns something truthy; TimeoutError naming ``what``
+    at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def poll(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """``wait_until``, failing the test at the deadline."""
+    try:
+        return wait_until(check, timeout, what, interval)
+    except TimeoutError as exc:
+        pytest.fail(str(exc))
 
 
 def _reachable(host: str, port: int) -> bool:

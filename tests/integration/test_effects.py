@@ -8,8 +8,8 @@ import pytest
 
 from fleet import BadInput, Fleet
 from tests.e2e.test_cli import fleet_cli
-from tests.flows import provider_calls
 from tests.harness import Backend, Cluster, poll, starts
+from tests.provider import provider_calls
 
 KEY_STEP = "send_{how}#1"
 

@@ -1,0 +1,54 @@
+"""``python -m tests.chaos``: the chaos run from the command line (``make chaos``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+from pathlib import Path
+
+from tests.chaos.harness import ChaosConfig, run_chaos
+from tests.chaos.injector import WEIGHTS, fault_dicts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    p.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed")
+    p.add_argument("--runs", type=int, default=300)
+    p.add_argument("--faults", type=int, default=50)
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--step-seconds", type=float, default=0.3)
+    p.add_argument("--lease", type=float, default=2.0)
+    p.add_argument("--kinds", nargs="+", default=None, help=f"some of {list(WEIGHTS)}")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--keep", action="store_true", help="keep the logs even on success")
+    a = p.parse_args(argv)
+    cfg = ChaosConfig(
+        seed=a.seed if a.seed is not None else secrets.randbelow(10**6),
+        runs=a.runs,
+        faults=a.faults,
+        workers=a.workers,
+        concurrency=a.concurrency,
+        step_seconds=a.step_seconds,
+        lease_seconds=a.lease,
+        keep=a.keep,
+        kinds=a.kinds,
+    )
+    report = run_chaos(cfg)
+    print(report.render())
+    if a.json is not None:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        figures = {**report.figures(), "command": cfg.command()}
+        a.json.write_text(
+            json.dumps({**figures, "fault_log": fault_dicts(report.faults)}, indent=2)
+        )
+    if not report.ok:
+        print(f"chaos FAILED; reproduce with: {cfg.command()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

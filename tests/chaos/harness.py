@@ -1,0 +1,204 @@
+"""One chaos run: a fault-free reference of the inputs (in process, on SQLite), then the
+same inputs on 3+ real workers against a private Postgres + Redis while the seeded
+injector strikes; then the report. ``python -m tests.chaos --help`` runs it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+
+from fleet import Fleet, Settings
+from fleet.procs import SWEEPER_READY, FleetProcess, sweeper_argv
+from tests.chaos import flows
+from tests.chaos.crew import APP, Crew
+from tests.chaos.injector import Injector, Plan
+from tests.chaos.report import Report, analyse
+from tests.chaos.services import PrivatePostgres, PrivateRedis
+
+ROOT = Path(__file__).resolve().parents[2]
+SWEEP_GRACE = 1.0
+
+
+@dataclass
+class ChaosConfig:
+    seed: int
+    runs: int = 300
+    faults: int = 50
+    workers: int = 3
+    concurrency: int = 4
+    step_seconds: float = 0.3
+    lease_seconds: float = 2.0
+    gap: tuple[float, float] = (1.0, 3.5)
+    settle: float = 240.0  # after the last fault, how long the runs have to finish
+    workdir: Path | None = None
+    pg_port: int = 5439
+    redis_port: int = 6399
+    keep: bool = False  # keep the workdir (logs) even when every check passes
+    kinds: list[str] | None = None  # fault kinds to inject (default: every kind)
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def freeze_for(self) -> float:
+        """Past the lease, the sweeper's grace and a tick: a takeover happens meanwhile."""
+        return 2 * self.lease_seconds + SWEEP_GRACE + 1.0
+
+    def command(self) -> str:
+        return (
+            f"python -m tests.chaos --seed {self.seed} --runs {self.runs} "
+            f"--faults {self.faults} --workers {self.workers} "
+            f"--concurrency {self.concurrency} --step-seconds {self.step_seconds} "
+            f"--lease {self.lease_seconds}"
+            + (f" --kinds {' '.join(self.kinds)}" if self.kinds else "")
+        )
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def reference_outputs(jobs: list[int], folder: Path) -> dict[int, Any]:
+    """Each job's output from a fault-free run of the same workflow, executed in this
+    process on SQLite (wake-ups kept in a list, delivered in order)."""
+    from tests.harness import InlineBroker
+
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = Settings.from_env(
+        {
+            "FLEET_DATABASE_URL": f"sqlite:///{folder}/reference.db",
+            "FLEET_BROKER_URL": f"filesystem:///{folder}/broker",
+        }
+    )
+    client = flows.fleet.with_settings(settings)
+    client.upgrade_schema()
+    broker = InlineBroker(client)
+    with _env(FLEET_TEST_PROVIDER=str(folder / "provider.jsonl"), FLEET_CHAOS_STEP_SECONDS="0"):
+        handles = {job: client.enqueue("mixed", job) for job in set(jobs)}
+        broker.drain(limit=10_000 * len(handles))
+    return {job: h.wait(timeout=0) for job, h in handles.items()}
+
+
+def _unfinished(client: Fleet) -> int | None:
+    """Runs not yet in a final state; None while the store is unreachable."""
+    try:
+        with client.runtime.db.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM fleet_runs "
+                        "WHERE status NOT IN ('succeeded', 'failed', 'cancelled')"
+                    )
+                ).scalar_one()
+            )
+    except Exception:  # Postgres restarting: ask again
+        return None
+
+
+def _wait_for_runs(client: Fleet, injector: Injector, settle: float) -> None:
+    """Until every run has finished, or ``settle`` seconds after the last fault."""
+    settle_from: float | None = None
+    while True:
+        if _unfinished(client) == 0:
+            return
+        if not injector.is_alive():
+            settle_from = settle_from or time.monotonic()
+            if time.monotonic() - settle_from > settle:
+                return
+        time.sleep(0.25)
+
+
+def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
+    rng = random.Random(cfg.seed)
+    jobs = {f"chaos-{cfg.seed}-{i}": rng.randrange(1, 1_000_000) for i in range(cfg.runs)}
+    workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix=f"fleet-chaos-{cfg.seed}-"))
+    say(f"chaos seed {cfg.seed} (reproduce: {cfg.command()}); logs in {workdir}")
+    started = time.monotonic()
+    reference = reference_outputs(list(jobs.values()), workdir / "reference")
+    say(f"  fault-free reference of {len(reference)} inputs: {time.monotonic() - started:.1f}s")
+
+    pg, redis = PrivatePostgres(cfg.pg_port), PrivateRedis(cfg.redis_port, workdir)
+    log, provider = workdir / "steps.jsonl", workdir / "provider.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(
+        FLEET_DATABASE_URL=pg.url,
+        FLEET_BROKER_URL=redis.url,
+        FLEET_LEASE_SECONDS=str(cfg.lease_seconds),
+        FLEET_SWEEP_INTERVAL="0.25",
+        FLEET_SWEEP_GRACE=str(SWEEP_GRACE),
+        FLEET_CHAOS_LOG=str(log),
+        FLEET_CHAOS_STEP_SECONDS=str(cfg.step_seconds),
+        FLEET_TEST_PROVIDER=str(provider),
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+        **cfg.extra,
+    )
+
+    def spawn(name: str, argv: list[str]) -> FleetProcess:
+        return FleetProcess(name, argv, {**env, "FLEET_WORKER_NAME": name}, workdir)
+
+    crew: Crew | None = None
+    sweeper: FleetProcess | None = None
+    pg.start()
+    try:
+        redis.start()
+        client = flows.fleet.with_settings(Settings.from_env(env))
+        client.upgrade_schema()
+        sweeper = spawn("sweeper", sweeper_argv(APP))
+        crew = Crew(spawn, cfg.workers, cfg.concurrency)
+        crew.wait_ready()
+        if not sweeper.wait_for_output(SWEEPER_READY, 30):
+            raise RuntimeError(f"sweeper did not start:\n{sweeper.output()[-3000:]}")
+        for rid, job in jobs.items():
+            client.enqueue("mixed", job, run_id=rid)
+        t0 = time.monotonic()
+        say(f"  {cfg.runs} runs enqueued on {cfg.workers} workers × {cfg.concurrency} threads")
+        injector = Injector(
+            rng,
+            Plan.draw(rng, cfg.faults, cfg.gap, cfg.freeze_for, cfg.kinds),
+            crew,
+            pg,
+            redis,
+            log,
+            say,
+        )
+        injector.start()
+        _wait_for_runs(client, injector, cfg.settle)
+        injector.finish()
+        if injector.error is not None:
+            raise RuntimeError(f"the injector failed: {injector.error!r}") from injector.error
+        # A run still live here gets the settle time after the last thaw, too.
+        _wait_for_runs(client, injector, cfg.settle)
+        elapsed = time.monotonic() - t0
+        crew.stop()
+        report = analyse(client, cfg.seed, jobs, reference, injector.faults, log, provider)
+        report.seconds = elapsed
+    finally:
+        if crew is not None:
+            crew.stop()
+        if sweeper is not None:
+            sweeper.signal(9)
+            sweeper.stop()
+        redis.stop()
+        pg.drop()
+    if report.ok and not cfg.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return report

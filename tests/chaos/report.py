@@ -1,0 +1,256 @@
+"""What the chaos run proves, read back from the store, the step log (outside the
+store) and the stand-in provider's call log — never from the workers' own word."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+
+from fleet import Fleet
+from tests.chaos.injector import KILL, PG_RESTART, Fault
+from tests.provider import provider_calls
+
+# The retry-then-succeed step runs twice by design; every other step once.
+DESIGNED_STARTS = {"fetch": 2}
+
+
+@dataclass
+class Report:
+    seed: int
+    runs: int
+    faults: list[Fault]
+    lost: list[str] = field(default_factory=list)
+    differing: list[str] = field(default_factory=list)
+    applied_twice: list[str] = field(default_factory=list)
+    effect_mismatch: list[str] = field(default_factory=list)
+    fenced_writes: int = 0
+    stale_finishes: int = 0  # bodies that finished after their lease was taken over
+    stale_expected_fenced: int = 0  # …whose process lived on to try the commit
+    stale_excused: Counter[str] = field(default_factory=Counter)  # …and why the others not
+    takeovers: int = 0
+    steps_executed: int = 0
+    re_executed: int = 0
+    provider_calls: int = 0
+    kill_to_restart: list[float] = field(default_factory=list)
+    kills_without_step: int = 0
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[str]:
+        out = []
+        if self.lost:
+            out.append(f"{len(self.lost)} run(s) lost: {self.lost[:5]}")
+        if self.differing:
+            out.append(
+                f"{len(self.differing)} run(s) differ from the fault-free run: {self.differing[:5]}"
+            )
+        if self.applied_twice:
+            out.append(
+                f"{len(self.applied_twice)} effect(s) applied twice: {self.applied_twice[:5]}"
+            )
+        if self.effect_mismatch:
+            out.append(
+                f"{len(self.effect_mismatch)} run(s) whose recorded effect is not the "
+                f"provider's: {self.effect_mismatch[:5]}"
+            )
+        if self.fenced_writes < self.stale_expected_fenced:
+            out.append(
+                f"{self.stale_expected_fenced} late finish(es) after a takeover but only "
+                f"{self.fenced_writes} fenced write(s): a zombie's write got through"
+            )
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def figures(self) -> dict[str, Any]:
+        kinds = Counter(f.kind for f in self.faults)
+        deltas = self.kill_to_restart
+        return {
+            "seed": self.seed,
+            "runs": self.runs,
+            "faults": len(self.faults),
+            "faults_by_kind": dict(sorted(kinds.items())),
+            "runs_lost": len(self.lost),
+            "outputs_differing": len(self.differing),
+            "effects_applied_twice": len(self.applied_twice),
+            "effects_not_matching_provider": len(self.effect_mismatch),
+            "fenced_writes_rejected": self.fenced_writes,
+            "late_finishes_after_takeover": self.stale_finishes,
+            "late_finishes_that_had_to_be_fenced": self.stale_expected_fenced,
+            "late_finishes_excused": dict(self.stale_excused),
+            "takeovers": self.takeovers,
+            "steps_executed": self.steps_executed,
+            "steps_re_executed": self.re_executed,
+            "re_executed_per_fault": round(self.re_executed / max(1, len(self.faults)), 2),
+            "provider_calls": self.provider_calls,
+            "kill_to_restart_s": {
+                "n": len(deltas),
+                "median": round(statistics.median(deltas), 2) if deltas else None,
+                "max": round(max(deltas), 2) if deltas else None,
+            },
+            "kills_with_no_step_in_flight": self.kills_without_step,
+            "seconds": round(self.seconds, 1),
+        }
+
+    def render(self) -> str:
+        f = self.figures()
+        k = f["kill_to_restart_s"]
+        lines = [
+            f"chaos seed {self.seed}: {self.runs} runs, {f['faults']} faults "
+            f"{f['faults_by_kind']} in {f['seconds']}s",
+            f"  runs lost                        {f['runs_lost']}",
+            f"  outputs differing from fault-free {f['outputs_differing']}",
+            f"  effects applied twice            {f['effects_applied_twice']}"
+            f"  ({f['provider_calls']} provider calls)",
+            f"  fenced writes rejected           {f['fenced_writes_rejected']}"
+            f"  ({f['late_finishes_after_takeover']} late finishes after "
+            f"{f['takeovers']} takeovers; {self.stale_expected_fenced} had to be)",
+            f"  steps re-executed                {f['steps_re_executed']} of "
+            f"{f['steps_executed']} ({f['re_executed_per_fault']} per fault)",
+            (
+                f"  kill → step running again        median {k['median']}s, max {k['max']}s "
+                f"over {k['n']} interrupted steps"
+                if k["n"]
+                else "  kill → step running again        (no step was interrupted by a kill)"
+            ),
+        ]
+        verdict = "PASS" if self.ok else "FAIL: " + "; ".join(self.failures)
+        lines.append(f"  {verdict}")
+        return "\n".join(lines)
+
+
+def _events(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def analyse(
+    client: Fleet,
+    seed: int,
+    jobs: dict[str, int],
+    reference: dict[int, Any],
+    faults: list[Fault],
+    log: Path,
+    provider: Path,
+) -> Report:
+    report = Report(seed, len(jobs), faults)
+    db = client.runtime.db
+    with db.engine.connect() as conn:
+        runs = {r.id: r for r in conn.execute(text("SELECT id, status, result FROM fleet_runs"))}
+        steps = {
+            (s.run_id, s.step_id): s
+            for s in conn.execute(text("SELECT run_id, step_id, name, epoch FROM fleet_steps"))
+        }
+    incidents = client.runtime.queries.incident_counts()
+    report.fenced_writes = incidents.get("fenced_write", 0)
+    report.takeovers = incidents.get("takeover", 0)
+
+    outputs: dict[str, Any] = {}
+    for rid, job in jobs.items():
+        row = runs.get(rid)
+        if row is None or row.status != "succeeded":
+            report.lost.append(f"{rid} ({row.status if row else 'missing'})")
+            continue
+        outputs[rid] = client.runtime.payloads.load(row.result)
+        if outputs[rid] != reference[job]:
+            report.differing.append(rid)
+
+    _effects(report, outputs, steps, provider)
+    events = _events(log)
+    _executions(report, events, steps)
+    _stale(report, events, steps, faults)
+    _recoveries(report, events, faults)
+    return report
+
+
+def _effects(
+    report: Report, outputs: dict[str, Any], steps: dict[Any, Any], provider: Path
+) -> None:
+    calls = provider_calls(str(provider))
+    report.provider_calls = len(calls)
+    per_key = Counter(c["key"] for c in calls)
+    report.applied_twice = sorted(k for k, n in per_key.items() if n > 1)
+    applied = {c["key"]: c["body"] for c in calls if c["applied"]}
+    for (rid, step_id), s in steps.items():
+        if s.name != "charge" or rid not in outputs:
+            continue
+        if applied.get(f"{rid}:{step_id}") != outputs[rid]["charged"]:
+            report.effect_mismatch.append(rid)
+
+
+def _executions(report: Report, events: list[dict[str, Any]], steps: dict[Any, Any]) -> None:
+    starts = Counter((e["run"], e["step"]) for e in events if e["event"] == "start")
+    report.steps_executed = len(starts)
+    for key, n in starts.items():
+        name = steps[key].name if key in steps else ""
+        report.re_executed += max(0, n - DESIGNED_STARTS.get(name, 1))
+
+
+def _stale(
+    report: Report, events: list[dict[str, Any]], steps: dict[Any, Any], faults: list[Fault]
+) -> None:
+    """Bodies that finished after a newer attempt of their step had started (a takeover):
+    their write must have been refused, unless their process died first or the store
+    was restarting."""
+    kills = [(f.pid, f.at) for f in faults if f.kind == KILL]
+    restarts = [(f.at - 1.0, f.until + 3.0) for f in faults if f.kind == PG_RESTART]
+    newer: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for e in events:
+        if e["event"] == "start":
+            newer[(e["run"], e["step"])].append((e["epoch"], e["t"]))
+    for e in events:
+        if e["event"] != "end" or (e["run"], e["step"]) not in steps:
+            continue
+        taken_over = any(
+            epoch > e["epoch"] and t < e["t"] for epoch, t in newer[(e["run"], e["step"])]
+        )
+        if not taken_over:
+            continue
+        report.stale_finishes += 1
+        died = any(pid == e["pid"] and e["t"] <= at <= e["t"] + 3.0 for pid, at in kills)
+        store_down = any(lo <= e["t"] <= hi for lo, hi in restarts)
+        if died:
+            report.stale_excused["worker killed"] += 1
+        elif store_down:
+            report.stale_excused["store restarting"] += 1
+        else:
+            report.stale_expected_fenced += 1
+
+
+def _recoveries(report: Report, events: list[dict[str, Any]], faults: list[Fault]) -> None:
+    """For each kill: the steps its worker had started and not ended, and how long until
+    each ran again under a newer epoch."""
+    by_step: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        by_step[(e["run"], e["step"])].append(e)
+    for f in faults:
+        if f.kind != KILL:
+            continue
+        interrupted = 0
+        for evs in by_step.values():
+            mine = [e for e in evs if e["pid"] == f.pid and e["t"] <= f.at]
+            started = [e for e in mine if e["event"] == "start"]
+            if not started:
+                continue
+            last = started[-1]
+            if any(e["event"] == "end" and e["epoch"] == last["epoch"] for e in mine):
+                continue
+            again = [
+                e["t"]
+                for e in evs
+                if e["event"] == "start" and e["epoch"] > last["epoch"] and e["t"] > f.at
+            ]
+            if again:
+                interrupted += 1
+                report.kill_to_restart.append(min(again) - f.at)
+        if not interrupted:
+            report.kills_without_step += 1
