@@ -23,6 +23,7 @@ from fleet.replay import advance, pinned_workflow, step_shadow
 from fleet.runtime import Runtime
 from fleet.states import Incident, IntentOutcome
 from fleet.store.ledger import Lease, TakeRefused
+from fleet.store.queries import Snapshot
 
 log = logging.getLogger("fleet.attempt")
 
@@ -200,8 +201,7 @@ def execute(rt: Runtime, run_id: str, step_id: str) -> None:
 
 
 def _take(rt: Runtime, run_id: str, step_id: str) -> tuple[Any, StepDef, Lease] | None:
-    run = rt.queries.run(run_id)
-    step = rt.queries.step(run_id, step_id)
+    run, step = rt.queries.run_and_step(run_id, step_id)
     if run is None or step is None:
         rt.ledger.incident(
             Incident.MALFORMED_MESSAGE, run_id, step_id, detail="execute for an unknown run or step"
@@ -248,8 +248,11 @@ def _attempt(rt: Runtime, run: Any, sd: StepDef, lease: Lease) -> None:
         except Exception as exc:
             _failed(rt, run, sd, lease, exc)
             return
-    if rt.ledger.commit_output(run_id, step_id, lease.epoch, encoded, earlier_intents=earlier):
-        _advance_now(rt, run)
+    done = rt.ledger.commit_output(
+        run_id, step_id, lease.epoch, encoded, earlier_intents=earlier, snapshot=True
+    )
+    if done:
+        _advance_now(rt, run, done.snapshot)
     else:
         log.warning(
             "fenced: step %s of run %s finished under epoch %d after losing its lease; "
@@ -430,12 +433,12 @@ def _dead_letter(
     _advance_now(rt, run)
 
 
-def _advance_now(rt: Runtime, run: Any) -> None:
+def _advance_now(rt: Runtime, run: Any, snapshot: Snapshot | None = None) -> None:
     """Replay the run right here rather than through another broker message: the
     worker already holds the workflow. The wake-up was recorded with the commit, so
     if this fails or the process dies the sweeper sends the advance instead."""
     try:
-        advance(rt, run.id)
+        advance(rt, run.id, snapshot)
     except FleetError as exc:
         log.warning(
             "advance of run %s after a step failed (%s); the sweeper will retry", run.id, exc

@@ -26,6 +26,7 @@ from fleet.registry import StepDef, WorkflowDef, check_name
 from fleet.runtime import Runtime
 from fleet.states import Incident, RunStatus, StepKind, StepStatus
 from fleet.store.ledger import NewStep
+from fleet.store.queries import Snapshot
 
 log = logging.getLogger("fleet.replay")
 
@@ -67,6 +68,8 @@ class WorkflowContext:
         self._seen: set[str] = set()
         self.to_dispatch: list[str] = []
         self.waiting = False  # the replay stopped at a wait_for or a sleep
+        self._wake_seq: int = run.wake_seq
+        self.marked = False  # the replay's last write also marked the run advanced
 
     # --- the public surface -----------------------------------------------------
 
@@ -76,7 +79,7 @@ class WorkflowContext:
         step_id = self._next_id(sd.name, key)
         rec = self._expect(step_id, sd.name)
         if rec is None:
-            self._record([self._new_task(sd, step_id, args, kwargs)])
+            self._record([self._new_task(sd, step_id, args, kwargs)], last=True)
             raise _Suspend
         return self._outcome(rec)
 
@@ -106,7 +109,7 @@ class WorkflowContext:
             if rec is None
         ]
         if new:
-            self._record(new)
+            self._record(new, last=True)
             raise _Suspend
         results: list[Any] = []
         for rec in recs:
@@ -181,12 +184,17 @@ class WorkflowContext:
         )
         return NewStep(step_id, -1, sd.name, StepKind.TASK, payload, sd.retry.max_attempts)
 
-    def _record(self, new: list[NewStep]) -> None:
+    def _record(self, new: list[NewStep], last: bool = False) -> None:
         """Record steps the replay reached past the end of the history. ``_expect``
-        reserved their positions in call order, so they are the last ``len(new)``."""
+        reserved their positions in call order, so they are the last ``len(new)``.
+        ``last``: the replay suspends right after, so the same write marks the run
+        advanced (its wake-up answered); the dispatch follows the commit."""
         start = self._pos - len(new)
         positioned = [replace(s, seq=start + i) for i, s in enumerate(new)]
-        self._rt.ledger.record_steps(self.run_id, positioned)
+        self._rt.ledger.record_steps(
+            self.run_id, positioned, advanced_seq=self._wake_seq if last else None
+        )
+        self.marked = last
         self.to_dispatch.extend(s.step_id for s in positioned if s.kind == StepKind.TASK)
 
     def _outcome(self, rec: Row[Any]) -> Any:
@@ -243,21 +251,22 @@ def pinned_workflow(rt: Runtime, run: Row[Any], step_id: str | None = None) -> W
     return None
 
 
-def advance(rt: Runtime, run_id: str) -> None:
+def advance(rt: Runtime, run_id: str, snapshot: Snapshot | None = None) -> None:
     """Replay the run and act on where it stands: record and dispatch the next step(s),
-    or finish the run. Safe to run concurrently and repeatedly for the same run."""
+    or finish the run. Safe to run concurrently and repeatedly for the same run.
+    ``snapshot``: the run and its history, if the caller has just read them."""
     with log_context(run_id=run_id):
-        _advance(rt, run_id)
+        _advance(rt, run_id, snapshot or rt.queries.snapshot(run_id))
 
 
-def _advance(rt: Runtime, run_id: str) -> None:
-    run = rt.queries.run(run_id)
-    if run is None:
+def _advance(rt: Runtime, run_id: str, snapshot: Snapshot | None) -> None:
+    if snapshot is None:
         rt.ledger.incident(
             Incident.MALFORMED_MESSAGE, None, detail=f"advance of unknown run {run_id!r}"
         )
         log.warning("advance for unknown run %r dropped", run_id)
         return
+    run, history = snapshot
     status = RunStatus(run.status)
     if status not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING):
         return  # finished, cancelled, or parked for a person's decision
@@ -268,7 +277,6 @@ def _advance(rt: Runtime, run_id: str) -> None:
         rt.ledger.start_run(run_id)
     elif status == RunStatus.WAITING:
         rt.ledger.resume_run(run_id)
-    history = rt.queries.steps(run_id)
     ctx = WorkflowContext(rt, run, history)
     call = rt.payloads.load(run.args)
     try:
@@ -290,7 +298,8 @@ def _advance(rt: Runtime, run_id: str) -> None:
     except _Suspend:
         if ctx.waiting:
             rt.ledger.set_waiting(run_id)
-        rt.ledger.mark_advanced(run_id, run.wake_seq)
+        if not ctx.marked:
+            rt.ledger.mark_advanced(run_id, run.wake_seq)
         return
     except NonDeterminism as exc:
         rt.ledger.incident(Incident.NONDETERMINISM, run_id, detail=str(exc))

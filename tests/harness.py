@@ -121,11 +121,12 @@ class Backend:
         return Settings.from_env(self.env())
 
     def flush_broker(self) -> None:
-        """Lose every message: FLUSHALL on Redis, or empty the filesystem queue."""
+        """Lose every message: FLUSHDB of the broker's Redis database (FLUSHALL would
+        also empty other users' databases), or empty the filesystem queue."""
         if self.kind == "postgres":
             import redis
 
-            redis.Redis(REDIS_HOST, REDIS_PORT).flushall()
+            redis.Redis(REDIS_HOST, REDIS_PORT, db=REDIS_DB).flushdb()
         else:
             for f in (self.workdir / "broker" / "queue").iterdir():
                 f.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store.engine import Database, db_now
+from fleet.store.queries import Snapshot, history_query, run_query
 from fleet.store.schema import (
     attempts,
     blobs,
@@ -109,6 +110,12 @@ def _wake(conn: Connection, run_id: str, grace: float) -> None:
     )
 
 
+def _mark_advanced(conn: Connection, run_id: str, seq: int) -> None:
+    conn.execute(
+        update(runs).where(runs.c.id == run_id, runs.c.advanced_seq < seq).values(advanced_seq=seq)
+    )
+
+
 def _settle_intents(
     conn: Connection,
     run_id: str,
@@ -173,6 +180,18 @@ class NewStep:
     max_attempts: int
     output: str | None = None
     delay: float | None = None  # wait steps: settle by themselves after this many seconds
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What ``commit_output`` did: true when the output was recorded (false: fenced).
+    ``snapshot``, when asked for, is the run as the same transaction left it."""
+
+    applied: bool
+    snapshot: Snapshot | None = None
+
+    def __bool__(self) -> bool:
+        return self.applied
 
 
 class _Rollback(Exception):
@@ -415,17 +434,17 @@ class Ledger:
         """Record that a replay has seen every wake-up up to ``seq``. Zero rows: a later
         advance already recorded more (monotonic, so nothing is lost)."""
         with self.db.begin() as conn:
-            conn.execute(
-                update(runs)
-                .where(runs.c.id == run_id, runs.c.advanced_seq < seq)
-                .values(advanced_seq=seq)
-            )
+            _mark_advanced(conn, run_id, seq)
 
     # --- steps: recorded by replay --------------------------------------------
 
-    def record_steps(self, run_id: str, new: Sequence[NewStep]) -> None:
+    def record_steps(
+        self, run_id: str, new: Sequence[NewStep], advanced_seq: int | None = None
+    ) -> None:
         """Insert steps the replay reached; a no-op for any a concurrent replay inserted.
-        Step ids and positions are deterministic, so both replays insert the same rows."""
+        Step ids and positions are deterministic, so both replays insert the same rows.
+        With ``advanced_seq``, this is the replay's last write: ``mark_advanced`` is done
+        in the same transaction."""
         now = db_now()
         rows = [
             {
@@ -451,6 +470,8 @@ class Ledger:
         ]
         with self.db.begin() as conn:
             _insert_ignore(conn, steps, rows)
+            if advanced_seq is not None:
+                _mark_advanced(conn, run_id, advanced_seq)
 
     # --- steps: one attempt ---------------------------------------------------
 
@@ -580,9 +601,12 @@ class Ledger:
         output: str,
         *,
         earlier_intents: IntentOutcome | None = None,
-    ) -> bool:
+        snapshot: bool = False,
+    ) -> Committed:
         """running → done, only under the epoch held. False is a fenced write: the lease
-        was taken over (or revoked) since this attempt took it. Counted, never applied."""
+        was taken over (or revoked) since this attempt took it. Counted, never applied.
+        With ``snapshot``, an applied commit also reads the run and its history for the
+        replay that follows (one transaction instead of two)."""
         now = db_now()
         with self.db.begin() as conn:
             applied = (
@@ -615,9 +639,12 @@ class Ledger:
                 if earlier_intents is not None:
                     _settle_intents(conn, run_id, step_id, earlier_intents, before=epoch)
                 _wake(conn, run_id, self.grace)
+                if snapshot:
+                    run = conn.execute(run_query(run_id)).one()
+                    return Committed(True, Snapshot(run, conn.execute(history_query(run_id)).all()))
             else:
                 self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
-            return applied
+            return Committed(applied)
 
     def schedule_retry(
         self, run_id: str, step_id: str, epoch: int, delay: float, error: str, *, countdown: bool

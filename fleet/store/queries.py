@@ -4,7 +4,7 @@ ledger's conditional writes re-check every condition they depend on)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Row
@@ -13,13 +13,45 @@ from fleet.store.engine import Database, db_now
 from fleet.store.schema import attempts, blobs, dead_letters, incidents, intents, runs, steps
 
 
+def run_query(run_id: str) -> Any:
+    return select(runs).where(runs.c.id == run_id)
+
+
+def history_query(run_id: str) -> Any:
+    """A run's recorded steps in replay order."""
+    return select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq)
+
+
+def step_query(run_id: str, step_id: str) -> Any:
+    return select(steps).where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+
+
+class Snapshot(NamedTuple):
+    """A run row and its history, read in one transaction: what a replay needs."""
+
+    run: Row[Any]
+    history: Sequence[Row[Any]]
+
+
 class Queries:
     def __init__(self, db: Database) -> None:
         self.db = db
 
     def run(self, run_id: str) -> Row[Any] | None:
         with self.db.begin() as conn:
-            return conn.execute(select(runs).where(runs.c.id == run_id)).first()
+            return conn.execute(run_query(run_id)).first()
+
+    def run_and_step(self, run_id: str, step_id: str) -> tuple[Row[Any] | None, Row[Any] | None]:
+        """The run and one of its steps, in one transaction."""
+        with self.db.begin() as conn:
+            run = conn.execute(run_query(run_id)).first()
+            step = conn.execute(step_query(run_id, step_id)).first() if run else None
+            return run, step
+
+    def snapshot(self, run_id: str) -> Snapshot | None:
+        with self.db.begin() as conn:
+            run = conn.execute(run_query(run_id)).first()
+            return None if run is None else Snapshot(run, conn.execute(history_query(run_id)).all())
 
     def runs(self, status: str | None = None, limit: int = 100) -> Sequence[Row[Any]]:
         stmt = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
@@ -30,9 +62,7 @@ class Queries:
 
     def steps(self, run_id: str) -> Sequence[Row[Any]]:
         with self.db.begin() as conn:
-            return conn.execute(
-                select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq)
-            ).all()
+            return conn.execute(history_query(run_id)).all()
 
     def progress(self, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Per run: (task steps finished, task steps recorded)."""
@@ -47,9 +77,7 @@ class Queries:
 
     def step(self, run_id: str, step_id: str) -> Row[Any] | None:
         with self.db.begin() as conn:
-            return conn.execute(
-                select(steps).where(steps.c.run_id == run_id, steps.c.step_id == step_id)
-            ).first()
+            return conn.execute(step_query(run_id, step_id)).first()
 
     def attempts(self, run_id: str) -> Sequence[Row[Any]]:
         with self.db.begin() as conn:
