@@ -9,7 +9,7 @@ REPS ?= 3
 
 setup:
 	./dev fleet --help >/dev/null
-	$(PY) -c "import dbos, gevent" 2>/dev/null || $(PY) -m pip install --quiet -e ".[dev,bench]"
+	$(PY) -c "import dbos" 2>/dev/null || $(PY) -m pip install --quiet -e ".[dev,bench]"
 
 # 300 runs × 16 steps on 3 workers, 60 faults; needs root and pg_createcluster (a
 # private Postgres cluster and Redis are started, restarted and removed).

@@ -1,5 +1,6 @@
 """fleet: durable execution for long, multi-step agent runs on a Celery worker fleet."""
 
+from fleet import _pool_patch  # noqa: F401 - first: `fleet worker --pool gevent` patches early
 from fleet.app import Fleet, RunHandle
 from fleet.attempt import LeaseLost, StepContext
 from fleet.config import Settings

@@ -374,3 +374,23 @@ def ask_llm(ctx: StepContext, prompt: str) -> str:
 @fleet.workflow(version="1")
 def asker(wf: WorkflowContext, prompts: list[str]) -> list[str]:
     return [str(wf.step(ask_llm, p)) for p in prompts]
+
+
+# --- worker pools -----------------------------------------------------------------------
+
+
+@fleet.step
+def pool_probe(ctx: StepContext) -> dict[str, bool]:
+    """Whether blocking calls in this worker yield to other steps (gevent's patches)."""
+    import sys
+
+    if "gevent.monkey" not in sys.modules:
+        return {"time": False, "socket": False}
+    from gevent import monkey
+
+    return {"time": monkey.is_module_patched("time"), "socket": monkey.is_module_patched("socket")}
+
+
+@fleet.workflow(version="1")
+def probe(wf: WorkflowContext) -> dict[str, bool]:
+    return dict(wf.step(pool_probe))

@@ -146,3 +146,12 @@ def test_sigterm_lets_a_short_step_finish_within_the_deadline(
     assert run.wait(timeout=5) == 0
     assert starts(backend, run.id) == {"work#1": 1}, "finished once, handed over to no one"
     assert "lease(s) released" not in leaving.output()
+
+
+def test_a_gevent_pool_worker_is_monkey_patched(client: Fleet, cluster: Cluster) -> None:
+    """``fleet worker --pool gevent`` patches before anything is imported, as ``celery
+    worker`` does: without it one step's ``time.sleep`` holds every greenlet."""
+    pytest.importorskip("gevent")
+    cluster.worker("green", concurrency=20, pool="gevent")
+    run = client.enqueue("probe")
+    assert run.wait(timeout=60) == {"time": True, "socket": True}
