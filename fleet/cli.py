@@ -69,8 +69,7 @@ def _fleet(target: str | None, *, schema: bool = True) -> Fleet:
 
 def worker_queues(fleet: Fleet) -> list[str]:
     """The default queue and one per registered workflow version (see WorkflowDef.queue)."""
-    base = fleet.settings.queue
-    return [base, *sorted({wf.queue(base) for wf in fleet.registry.workflows.values()})]
+    return fleet.registry.queues(fleet.settings.queue)
 
 
 @app.command()

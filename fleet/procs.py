@@ -13,16 +13,22 @@ from pathlib import Path
 
 
 class FleetProcess:
-    """``python -m fleet ARGV…`` with its output in ``logdir/NAME.log``."""
+    """``python -m fleet ARGV…`` (or another ``module``) with its output in ``logdir/NAME.log``."""
 
     def __init__(
-        self, name: str, argv: list[str], env: dict[str, str], logdir: Path, cwd: Path | None = None
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        logdir: Path,
+        cwd: Path | None = None,
+        module: str = "fleet",
     ) -> None:
         self.name = name
         self.log = logdir / f"{name}.log"
         self._out = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "fleet", *argv],
+            [sys.executable, "-m", module, *argv],
             env=env,
             cwd=cwd or logdir,
             stdout=self._out,

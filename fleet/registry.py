@@ -102,6 +102,11 @@ class Registry:
         self.workflows[wf.name] = wf
         return wf
 
+    def queues(self, base: str) -> list[str]:
+        """What a worker consumes: the default queue and one per registered workflow
+        version (see WorkflowDef.queue)."""
+        return [base, *sorted({wf.queue(base) for wf in self.workflows.values()})]
+
     def workflow(self, ref: str | WorkflowDef) -> WorkflowDef:
         name = ref.name if isinstance(ref, WorkflowDef) else ref
         try:

@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_shutting_down
+from celery.signals import celeryd_after_setup, worker_shutting_down
 
 from fleet.attempt import execute, release_leases
 from fleet.dispatch import ADVANCE, EXECUTE
@@ -54,6 +54,22 @@ def _on_shutdown(**_: Any) -> None:
     timer.start()
 
 
+def _consume_workflow_queues(celery: Celery, rt: Runtime) -> None:
+    """A plain ``celery -A app worker`` (no ``-Q``) consumes only the default queue, but
+    runs go to one queue per workflow version: add those, as ``fleet worker`` does. A
+    worker given its own ``-Q`` list keeps it."""
+
+    @celeryd_after_setup.connect(weak=False)
+    def add_queues(sender: Any, instance: Any, **_: Any) -> None:
+        if instance.app is not celery:
+            return
+        queues = instance.app.amqp.queues
+        consumed = set(queues.consume_from or queues)
+        if consumed == {rt.settings.queue}:
+            for name in rt.registry.queues(rt.settings.queue):
+                queues.select_add(name)
+
+
 def register(celery: Celery, rt: Runtime) -> None:
     """Bind the tasks to this app only (``shared=False``): Celery's default would bind
     them to every app in the process, so a second Fleet's tasks would reach the first
@@ -65,6 +81,7 @@ def register(celery: Celery, rt: Runtime) -> None:
         rt.ledger.incident(Incident.MALFORMED_MESSAGE, None, detail=detail)
 
     _watch_shutdown(rt)
+    _consume_workflow_queues(celery, rt)
 
     @celery.task(name=ADVANCE, ignore_result=True, shared=False)
     def advance_task(*args: Any) -> None:

@@ -155,3 +155,21 @@ def test_a_gevent_pool_worker_is_monkey_patched(client: Fleet, cluster: Cluster)
     cluster.worker("green", concurrency=20, pool="gevent")
     run = client.enqueue("probe")
     assert run.wait(timeout=60) == {"time": True, "socket": True}
+
+
+def test_a_plain_celery_worker_consumes_every_workflow_queue(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    """``celery -A app worker`` (CONTRACT.md) with no ``-Q`` takes the per-version
+    queues runs are sent to, not only the default one."""
+    proc = FleetProcess(
+        "plain-celery",
+        ["-A", APP, "worker", "--pool", "threads", "--concurrency", "2", "-l", "INFO"],
+        backend.env(FLEET_WORKER_NAME="plain"),
+        backend.workdir,
+        module="celery",
+    )
+    cluster.procs.append(proc)
+    assert proc.wait_for_output("ready.", 60), proc.output()
+    run = client.enqueue("chain", 2)
+    assert run.wait(timeout=60) == 0 + 1
