@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from fleet.procs import FleetProcess
 from tests.harness import wait_until
 
 __all__ = ["wait_until"]
@@ -84,33 +85,6 @@ def services(tag: str, redis_db: int = REDIS_BENCH_DB) -> Iterator[Services]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _module_process(
-    module: str, name: str, argv: list[str], env: dict[str, str], logdir: Path
-) -> Any:
-    """``python -m MODULE ARGV…`` as a ``FleetProcess`` (own process group, log file,
-    signal and stop), for a module other than fleet: a raw Celery worker."""
-    from fleet.procs import FleetProcess
-
-    if module == "fleet":
-        return FleetProcess(name, argv, env, logdir)
-
-    class ModuleProcess(FleetProcess):
-        def __init__(self) -> None:  # FleetProcess's, with another module to run
-            self.name = name
-            self.log = logdir / f"{name}.log"
-            self._out = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", module, *argv],
-                env=env,
-                cwd=logdir,
-                stdout=self._out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    return ModuleProcess()
-
-
 @contextlib.contextmanager
 def processes(
     svc: Services,
@@ -126,8 +100,12 @@ def processes(
     try:
         for name, argv in argvs:
             procs.append(
-                _module_process(
-                    module, name, argv, svc.env(FLEET_WORKER_NAME=name, **env), svc.workdir
+                FleetProcess(
+                    name,
+                    argv,
+                    svc.env(FLEET_WORKER_NAME=name, **env),
+                    svc.workdir,
+                    module=module,
                 )
             )
         for proc in procs:
@@ -208,8 +186,9 @@ def pg_counters(database: str) -> dict[str, int]:
     """Cumulative counters of one database from ``pg_stat_database``, read from the admin
     database (so reading adds nothing to them), plus the cluster's next transaction id:
     ids are assigned only to transactions that write, so its delta counts write
-    transactions of the whole cluster (exact only while nobody else writes). A backend
-    reports its counters when it exits or after idling; see ``settled_pg_counters``."""
+    transactions of the whole cluster (exact only while nobody else writes: see
+    ``others_active``). A backend reports its counters when it exits or after idling;
+    see ``settled_pg_counters``."""
     import psycopg
 
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
@@ -219,22 +198,31 @@ def pg_counters(database: str) -> dict[str, int]:
             " numbackends FROM pg_stat_database WHERE datname = %s",
             (database,),
         ).fetchone()
-        others = conn.execute(
-            "SELECT coalesce(sum(xact_commit + xact_rollback), 0) FROM pg_stat_database"
-            " WHERE datname IS DISTINCT FROM %s AND datname <> 'postgres'",
-            (database,),
-        ).fetchone()
         # The next id to be assigned, read without taking one.
         xid = conn.execute(
             "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
         ).fetchone()
-    assert row is not None and others is not None and xid is not None
+    assert row is not None and xid is not None
     keys = ("commits", "rollbacks", "inserted", "updated", "deleted", "backends")
-    return {
-        **dict(zip(keys, map(int, row), strict=True)),
-        "others": int(others[0]),
-        "xid": int(xid[0]),
-    }
+    return {**dict(zip(keys, map(int, row), strict=True)), "xid": int(xid[0])}
+
+
+def pg_xacts_by_database() -> dict[str, int]:
+    """Transactions so far (commits + rollbacks) of every database but the admin one."""
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT datname, xact_commit + xact_rollback FROM pg_stat_database"
+            " WHERE datname IS NOT NULL AND datname <> 'postgres'"
+        ).fetchall()
+    return {str(name): int(n) for name, n in rows}
+
+
+def others_active(before: dict[str, int], after: dict[str, int], ours: str) -> int:
+    """Transactions other databases ran between two ``pg_xacts_by_database`` readings
+    (databases dropped meanwhile are not seen): 0 means the cluster was ours."""
+    return sum(max(0, n - before.get(name, 0)) for name, n in after.items() if name != ours)
 
 
 def settled_pg_counters(database: str, timeout: float = 15.0) -> dict[str, int]:
@@ -249,7 +237,9 @@ def settled_pg_counters(database: str, timeout: float = 15.0) -> dict[str, int]:
         last = now
         return now if same and now["backends"] == 0 else None
 
-    return wait_until(stable, timeout, f"statistics of {database} to settle", interval=0.3)
+    settled = wait_until(stable, timeout, f"statistics of {database} to settle", interval=0.3)
+    assert settled is not None
+    return settled
 
 
 def redis_calls() -> dict[str, int]:

@@ -1,0 +1,145 @@
+"""Benchmark 2 of issue #7, many runs: 200 runs of 10 no-op steps each on 2 fleet worker
+processes, in steps per second from the first enqueue until every run has finished
+(the store's own clock: first run created to last run finished) — against 2,000
+independent raw Celery no-op tasks (``acks_late``, no result backend, same Redis)
+drained by 2 raw Celery worker processes with the same pool and concurrency, timed
+from the first publish until the queue and the unacknowledged set are both empty.
+
+    .venv/bin/python -m bench.many_runs [--reps 3] [--runs 200]
+
+A measurement, never a test: nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from bench import raw_celery
+from bench.common import save, services, spread, wait_until
+from bench.drivers import (
+    POOLS,
+    SUCCEEDED,
+    RunClock,
+    celery_app,
+    celery_workers,
+    fleet_client,
+    fleet_workers,
+)
+
+STEPS_PER_RUN = 10  # the ``ten`` workflow
+WORKERS = 2
+TARGET = 0.8
+
+
+def measure_fleet(runs: int, concurrency: int, pool: str) -> tuple[float, float]:
+    """``runs`` runs of ``ten()`` on 2 fleet workers: (steps/s, seconds spent enqueueing)."""
+    with services("many") as svc:
+        client = fleet_client(svc)
+        clock = RunClock(svc)
+        with fleet_workers(svc, WORKERS, concurrency, pool):
+            started = time.perf_counter()
+            run_ids = [client.enqueue("ten").id for _ in range(runs)]
+            enqueued = time.perf_counter() - started
+            seconds = clock.wait(run_ids, timeout=240)
+        clock.close()
+        client.runtime.db.dispose()
+    return runs * STEPS_PER_RUN / seconds, enqueued
+
+
+def _drained(redis: Any) -> bool:
+    """Nothing queued and nothing delivered but unacknowledged (acks are late: a task is
+    acknowledged once it has run)."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.llen(raw_celery.QUEUE).hlen("unacked")
+    queued, unacked = pipe.execute()
+    return queued == 0 and unacked == 0
+
+
+def _succeeded(procs: list[Any]) -> int:
+    return sum(p.output().count(SUCCEEDED) for p in procs)
+
+
+def measure_celery(tasks: int, concurrency: int, pool: str) -> tuple[float, float]:
+    """``tasks`` independent no-op tasks on 2 raw Celery workers: (steps/s, seconds spent
+    publishing). Checks afterwards, from the workers' logs, that every task ran."""
+    with services("manyraw") as svc:
+        noop = celery_app(svc).tasks["raw.noop"]
+        redis = svc.redis()
+        with celery_workers(svc, WORKERS, concurrency, pool) as procs:
+            started = time.perf_counter()
+            for i in range(tasks):
+                noop.delay(i)
+            published = time.perf_counter() - started
+            wait_until(lambda: _drained(redis), 240, "the raw Celery queue", interval=0.01)
+            seconds = time.perf_counter() - started
+            wait_until(lambda: _succeeded(procs) >= tasks, 30, f"{tasks} tasks in the logs")
+    return tasks / seconds, published
+
+
+def one_rep(runs: int, concurrency: int, pool: str) -> dict[str, Any]:
+    fleet, fleet_enqueue = measure_fleet(runs, concurrency, pool)
+    celery, celery_publish = measure_celery(runs * STEPS_PER_RUN, concurrency, pool)
+    return {
+        "fleet_steps_per_s": fleet,
+        "fleet_enqueue_s": fleet_enqueue,
+        "celery_steps_per_s": celery,
+        "celery_publish_s": celery_publish,
+        "fleet/celery": fleet / celery,
+    }
+
+
+def report(reps: list[dict[str, Any]]) -> dict[str, str]:
+    """Print the table (the target judged on the median); return the medians and ranges
+    that are saved."""
+    col = {k: [r[k] for r in reps] for k in reps[0]}
+    ok = statistics.median(col["fleet/celery"]) >= TARGET
+    rows = [
+        ("fleet steps/s", spread(col["fleet_steps_per_s"]), ""),
+        ("  time to enqueue the runs, s", spread(col["fleet_enqueue_s"], "{:.2f}"), ""),
+        ("raw Celery tasks/s", spread(col["celery_steps_per_s"]), ""),
+        ("  time to publish the tasks, s", spread(col["celery_publish_s"], "{:.2f}"), ""),
+        (
+            "fleet/celery",
+            spread(col["fleet/celery"], "{:.2f}"),
+            f"target >= {TARGET}: {'met' if ok else 'MISSED'}",
+        ),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value, note in rows:
+        print(f"  {name:<{width}}  {value:<34} {note}")
+    return {k: spread(v, "{:.3f}") for k, v in col.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--pool", choices=POOLS, default="threads")
+    args = parser.parse_args()
+    print(
+        f"many runs: {args.runs} runs x {STEPS_PER_RUN} no-op steps vs "
+        f"{args.runs * STEPS_PER_RUN} raw Celery tasks, {WORKERS} workers each "
+        f"(--pool {args.pool} --concurrency {args.concurrency}), {args.reps} rep(s)"
+    )
+    reps = []
+    for i in range(args.reps):
+        reps.append(one_rep(args.runs, args.concurrency, args.pool))
+        r = reps[-1]
+        print(
+            f"  rep {i + 1}: fleet {r['fleet_steps_per_s']:.0f} steps/s, "
+            f"celery {r['celery_steps_per_s']:.0f} tasks/s",
+            flush=True,
+        )
+    summary = report(reps)
+    path = save(
+        "many_runs", {"params": vars(args), "target": TARGET, "summary": summary, "reps": reps}
+    )
+    print(f"  saved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""Where a step's time and store transactions go: one sequential run of no-op steps
+driven in this process (``tests.harness.InlineBroker``: no broker, no Celery, no
+worker), on a fresh Postgres database.
+
+For every store method (``Ledger`` and ``Queries``) it counts calls, transactions,
+statements, pool checkouts (each one a ``pool_pre_ping`` round trip, itself a
+transaction on the server) and wall time, per step; it checks the transaction total
+against the database's own ``pg_stat_database`` counters; and it prints the cProfile
+functions that cost the most, by own time and by cumulative time.
+
+    .venv/bin/python -m bench.profile_steps [--steps 500] [--cprofile [--top 25]]
+
+Steps 1–N/2 are a warm-up; the counts are taken over the second half, where the
+replay is longer (a step's cost grows with the run's length: see bench/long_runs.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import pstats
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, event
+from sqlalchemy.pool import Pool
+
+from bench.common import delta, services, settled_pg_counters
+from bench.drivers import database_name
+from fleet import Fleet, Settings
+from fleet.attempt import execute
+from fleet.replay import advance
+
+
+@dataclass
+class Meter:
+    """Per store method: calls, transactions (and those that wrote), statements,
+    checkouts, seconds."""
+
+    stack: list[str] = field(default_factory=lambda: ["(outside the store)"])
+    calls: Counter[str] = field(default_factory=Counter)
+    xacts: Counter[str] = field(default_factory=Counter)
+    writes: Counter[str] = field(default_factory=Counter)
+    statements: Counter[str] = field(default_factory=Counter)
+    checkouts: Counter[str] = field(default_factory=Counter)
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def reset(self) -> None:
+        counters = (self.calls, self.xacts, self.writes, self.statements, self.checkouts)
+        for counter in (*counters, self.seconds):
+            counter.clear()
+
+    def wrap(self, owner: Any, label: str) -> None:
+        """Meter every public method of the object ``owner``."""
+        for name in dir(owner):
+            fn = getattr(owner, name)
+            if name.startswith("_") or not callable(fn):
+                continue
+            setattr(owner, name, self._metered(f"{label}.{name}", fn))
+
+    def _metered(self, key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def metered(*args: Any, **kwargs: Any) -> Any:
+            with self.timed(key):
+                return fn(*args, **kwargs)
+
+        return metered
+
+    @contextmanager
+    def timed(self, key: str) -> Iterator[None]:
+        self.stack.append(key)
+        self.calls[key] += 1
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[key] += time.perf_counter() - t0
+            self.stack.pop()
+
+    def listen(self) -> None:
+        """Attribute every engine's transactions, statements and checkouts (in this
+        process: the store's, which is rebuilt after each ``dispose``) to the method on
+        top of the stack."""
+
+        def xact(conn: Any) -> None:
+            self.xacts[self.stack[-1]] += 1
+            if conn.info.pop("wrote", False):
+                self.writes[self.stack[-1]] += 1
+
+        def statement(conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+            self.statements[self.stack[-1]] += 1
+            if sql.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+                conn.info["wrote"] = True
+
+        def checkout(*_: Any) -> None:
+            self.checkouts[self.stack[-1]] += 1
+
+        event.listen(Engine, "commit", xact)
+        event.listen(Engine, "rollback", xact)
+        event.listen(Engine, "before_cursor_execute", statement)
+        event.listen(Pool, "checkout", checkout)
+
+
+def _client(database_url: str) -> tuple[Fleet, list[tuple[str, list[str]]]]:
+    """The benchmark app on ``database_url`` with an in-process broker."""
+    from bench import noop_flows
+    from tests.harness import InlineBroker
+
+    broker = tempfile.mkdtemp(prefix="fleet-bench-broker-")
+    settings = Settings.from_env(
+        {"FLEET_DATABASE_URL": database_url, "FLEET_BROKER_URL": f"filesystem:///{broker}"}
+    )
+    client = noop_flows.fleet.with_settings(settings)
+    client.upgrade_schema()
+    return client, InlineBroker(client).sent
+
+
+def _deliver(
+    client: Fleet, sent: list[tuple[str, list[str]]], meter: Meter, executes: int | None = None
+) -> Counter[str]:
+    """Deliver messages (all, or until ``executes`` steps have run), each under a meter
+    key of its own; count them by task."""
+    tasks: Counter[str] = Counter()
+    while sent and (executes is None or tasks["fleet.execute"] < executes):
+        task, args = sent.pop(0)
+        tasks[task] += 1
+        with meter.timed(f"task {task}"):
+            if task == "fleet.advance":
+                advance(client.runtime, args[0])
+            else:
+                execute(client.runtime, args[0], args[1])
+    return tasks
+
+
+def _meter_heartbeat(meter: Meter) -> None:
+    """Heartbeat threads start and stop once per attempt: time that too."""
+    from fleet import attempt
+
+    for name in ("__enter__", "__exit__"):
+        original = getattr(attempt.Heartbeat, name)
+        setattr(attempt.Heartbeat, name, meter._metered(f"Heartbeat.{name}", original))
+
+
+def _table(meter: Meter, steps: int, total: float) -> None:
+    keys = sorted(meter.calls, key=lambda k: -meter.seconds[k])
+    print(
+        f"  {'per step':<34} {'calls':>6} {'xacts':>6} {'writes':>6} {'stmts':>6} {'pings':>6}"
+        f" {'ms':>7}"
+    )
+    for key in keys:
+        print(
+            f"  {key:<34} {meter.calls[key] / steps:6.2f} {meter.xacts[key] / steps:6.2f} "
+            f"{meter.writes[key] / steps:6.2f} "
+            f"{meter.statements[key] / steps:6.2f} {meter.checkouts[key] / steps:6.2f} "
+            f"{1000 * meter.seconds[key] / steps:7.3f}"
+        )
+    xacts, pings = sum(meter.xacts.values()), sum(meter.checkouts.values())
+    print(
+        f"  {'total':<34} {'':6} {xacts / steps:6.2f} {sum(meter.writes.values()) / steps:6.2f} "
+        f"{sum(meter.statements.values()) / steps:6.2f} {pings / steps:6.2f} "
+        f"{1000 * total / steps:7.3f}"
+    )
+    print("  (task rows include the store methods below them; pings are pool_pre_ping)")
+
+
+def _profile(prof: cProfile.Profile, top: int) -> None:
+    stats = pstats.Stats(prof)
+    stats.strip_dirs()
+    print("\n  cProfile, by own time:")
+    stats.sort_stats("tottime").print_stats(top)
+    print("  cProfile, by cumulative time:")
+    stats.sort_stats("cumulative").print_stats(top)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument(
+        "--cprofile", action="store_true", help="also run cProfile (slows the Python parts)"
+    )
+    parser.add_argument("--top", type=int, default=25, help="cProfile rows to print")
+    args = parser.parse_args()
+    meter = Meter()
+    with services("prof") as svc:
+        client, sent = _client(svc.database_url)
+        meter.wrap(client.runtime.ledger, "Ledger")
+        meter.wrap(client.runtime.queries, "Queries")
+        meter.listen()
+        _meter_heartbeat(meter)
+        run = client.enqueue("seq", args.steps)
+        _deliver(client, sent, meter, executes=args.steps // 2)  # warm-up
+        client.runtime.db.dispose()
+        db = database_name(svc)
+        pg_before = settled_pg_counters(db)
+        meter.reset()
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        if args.cprofile:
+            prof.enable()
+        tasks = _deliver(client, sent, meter)
+        prof.disable()
+        total = time.perf_counter() - t0
+        assert run.status() == "succeeded", run.status()
+        client.runtime.db.dispose()
+        pg_used = delta(settled_pg_counters(db), pg_before)
+    measured = tasks["fleet.execute"]
+    print(
+        f"profile: steps {args.steps - measured + 1}-{args.steps} of one seq({args.steps}) run, "
+        f"in process on Postgres: {1000 * total / measured:.2f} ms/step "
+        f"({measured / total:.0f} steps/s without broker or Celery)"
+    )
+    print(f"  messages sent per step: { {k: round(v / measured, 3) for k, v in tasks.items()} }")
+    server = pg_used.get("commits", 0) + pg_used.get("rollbacks", 0)
+    print(
+        f"  pg_stat_database: {server / measured:.2f} xacts/step "
+        f"(commits {pg_used.get('commits', 0) / measured:.2f}, "
+        f"rollbacks {pg_used.get('rollbacks', 0) / measured:.2f}; "
+        f"the final status read adds one); cluster-wide write xacts/step "
+        f"{pg_used.get('xid', 0) / measured:.2f} (others' writes count too)"
+    )
+    _table(meter, measured, total)
+    if args.cprofile:
+        _profile(prof, args.top)
+
+
+if __name__ == "__main__":
+    main()
