@@ -17,9 +17,10 @@ Configurations (each on a fresh database, one probe batch of one-step runs as wa
   only): it ran Celery's blocking event loop and the pool's greenlets never started. If
   the probe does not finish in 15 s, the full size is skipped and the hang reported.
 * ``threads``: ``--pool threads --concurrency 100``.
-* ``threads x2`` (opt-in with ``--only``): two worker processes of 50 threads.
+* ``gevent x2``, ``threads x2``: the same slots in two worker processes, one per core
+  (one interpreter's GIL caps a process near one core's worth of steps).
 
-    .venv/bin/python -m bench.io_bound [--reps 3] [--only gevent,threads,"threads x2"]
+    .venv/bin/python -m bench.io_bound [--reps 3] [--only gevent,threads,"gevent x2","threads x2"]
     .venv/bin/python -m bench.io_bound --reps 1 --runs 20 --steps 3   # smoke test
 
 No sweeper runs (nothing is lost here). Redis DB 13 only. Figures are printed and
@@ -69,10 +70,11 @@ class Config:
 CONFIGS = (
     Config("gevent", "gevent", 200, 200, 10),
     Config("threads", "threads", 100, 100, 20),
-    # Opt-in (--only): the same 100 slots in two processes, past one interpreter's GIL.
+    # The same slots in two processes (one per core), past one interpreter's GIL.
+    Config("gevent x2", "gevent", 100, 200, 10, processes=2),
     Config("threads x2", "threads", 50, 100, 20, processes=2),
 )
-DEFAULT = ("gevent", "threads")
+DEFAULT = ("gevent", "threads", "gevent x2", "threads x2")
 
 
 @dataclass
