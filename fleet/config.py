@@ -48,6 +48,9 @@ class Settings:
     worker_name: str = ""
     # After SIGTERM, running steps get this long before their leases are released.
     shutdown_grace: float = 20.0
+    # A task that finishes a step runs the run's next step itself, when the replay
+    # records exactly one, up to this many steps per task (1: every step is a message).
+    inline_steps: int = 50
     # 0: derived from the lease (see ``visibility_timeout``).
     visibility_timeout_seconds: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -67,6 +70,7 @@ class Settings:
             worker_name=env.get("FLEET_WORKER_NAME", ""),
             visibility_timeout_seconds=_float(env, "FLEET_VISIBILITY_TIMEOUT", 0.0),
             shutdown_grace=_float(env, "FLEET_SHUTDOWN_GRACE", cls.shutdown_grace),
+            inline_steps=int(_float(env, "FLEET_INLINE_STEPS", cls.inline_steps)),
         )
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 

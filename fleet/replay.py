@@ -251,39 +251,48 @@ def pinned_workflow(rt: Runtime, run: Row[Any], step_id: str | None = None) -> W
     return None
 
 
-def advance(rt: Runtime, run_id: str, snapshot: Snapshot | None = None) -> None:
+def advance(
+    rt: Runtime, run_id: str, snapshot: Snapshot | None = None, keep: bool = False
+) -> str | None:
     """Replay the run and act on where it stands: record and dispatch the next step(s),
     or finish the run. Safe to run concurrently and repeatedly for the same run.
-    ``snapshot``: the run and its history, if the caller has just read them."""
+    ``snapshot``: the run and its history, if the caller has just read them. ``keep``:
+    if the replay records exactly one next step, do not send it; return its id for the
+    caller to execute (the store has it, so the sweeper sends it if the caller dies)."""
     with log_context(run_id=run_id):
-        _advance(rt, run_id, snapshot or rt.queries.snapshot(run_id))
+        return _advance(rt, run_id, snapshot or rt.queries.snapshot(run_id), keep)
 
 
-def _advance(rt: Runtime, run_id: str, snapshot: Snapshot | None) -> None:
+def _advance(rt: Runtime, run_id: str, snapshot: Snapshot | None, keep: bool) -> str | None:
     if snapshot is None:
         rt.ledger.incident(
             Incident.MALFORMED_MESSAGE, None, detail=f"advance of unknown run {run_id!r}"
         )
         log.warning("advance for unknown run %r dropped", run_id)
-        return
+        return None
     run, history = snapshot
     status = RunStatus(run.status)
     if status not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING):
-        return  # finished, cancelled, or parked for a person's decision
+        return None  # finished, cancelled, or parked for a person's decision
     wf = pinned_workflow(rt, run)
     if wf is None:
-        return
+        return None
     if status == RunStatus.QUEUED:
         rt.ledger.start_run(run_id)
     elif status == RunStatus.WAITING:
         rt.ledger.resume_run(run_id)
     ctx = WorkflowContext(rt, run, history)
     call = rt.payloads.load(run.args)
+    # A recorded task step always suspends the replay at once, so a kept step is
+    # never left unsent on another path.
+    kept: str | None = None
     try:
         try:
             result = wf.fn(ctx, *call["args"], **call["kwargs"])
         finally:
             # Dispatch what was recorded, whether the replay suspended or not.
+            if keep and len(ctx.to_dispatch) == 1:
+                kept = ctx.to_dispatch.pop()
             for step_id in ctx.to_dispatch:
                 rt.dispatcher.execute(
                     run_id, step_id, run.queue, shadow=step_shadow(run.workflow, step_id)
@@ -300,7 +309,7 @@ def _advance(rt: Runtime, run_id: str, snapshot: Snapshot | None) -> None:
             rt.ledger.set_waiting(run_id)
         if not ctx.marked:
             rt.ledger.mark_advanced(run_id, run.wake_seq)
-        return
+        return kept
     except NonDeterminism as exc:
         rt.ledger.incident(Incident.NONDETERMINISM, run_id, detail=str(exc))
         log.error("%s", exc)
@@ -321,6 +330,7 @@ def _advance(rt: Runtime, run_id: str, snapshot: Snapshot | None) -> None:
     else:
         rt.ledger.finish_run(run_id, RunStatus.SUCCEEDED, result=encoded)
     rt.ledger.mark_advanced(run_id, run.wake_seq)
+    return None
 
 
 def _fail(rt: Runtime, run_id: str, error: str, tb: str | None = None) -> None:

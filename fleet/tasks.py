@@ -10,7 +10,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import celeryd_after_setup, worker_shutting_down
 
-from fleet.attempt import execute, release_leases
+from fleet.attempt import release_leases, run_steps, stopping
 from fleet.dispatch import ADVANCE, EXECUTE
 from fleet.replay import advance
 from fleet.runtime import Runtime
@@ -39,6 +39,7 @@ def _watch_shutdown(rt: Runtime) -> None:
 def _on_shutdown(**_: Any) -> None:
     """Celery's warm shutdown stops taking work and waits for running tasks; they get
     until the soft deadline, then their leases are released and the process leaves."""
+    stopping.set()
     grace = min(rt.settings.shutdown_grace for rt in _RUNTIMES)
 
     def deadline() -> None:
@@ -95,4 +96,4 @@ def register(celery: Celery, rt: Runtime) -> None:
         ids = _ids(args, 2)
         if ids is None:
             return malformed(EXECUTE, args)
-        execute(rt, ids[0], ids[1])
+        run_steps(rt, ids[0], ids[1])

@@ -1,0 +1,52 @@
+"""A task that finishes a step of a sequential run executes the run's next step itself
+(no broker message), up to FLEET_INLINE_STEPS per task; fan-outs are still sent, one
+message per item, so any worker can take them."""
+
+from __future__ import annotations
+
+from fleet import Fleet
+from tests.harness import Backend, Cluster, executions, poll
+
+
+def _received_lines(cluster: Cluster) -> list[str]:
+    """The step messages the workers took from the broker: Celery logs each one under
+    its shadow name (``workflow.step#n``); run wake-ups show as ``advance:<run>``."""
+    return [
+        line
+        for p in cluster.procs
+        for line in p.output().splitlines()
+        if "celery.worker.strategy: Task " in line
+        and line.endswith(" received")
+        and "Task advance:" not in line
+    ]
+
+
+def test_a_sequential_run_takes_one_message_per_task_of_steps(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    cluster.worker("w1", concurrency=1)
+    run = client.enqueue("chain", 6)
+    assert run.wait(timeout=60) == sum(i * i for i in range(6))
+    assert len(_received_lines(cluster)) == 1, "steps 2-6 ran inline, without messages"
+    assert len({e["pid"] for e in executions(backend, run.id)}) == 1
+
+
+def test_the_inline_cap_hands_the_run_back_to_the_queue(backend: Backend, cluster: Cluster) -> None:
+    from tests.harness import client_for
+
+    backend.extra_env["FLEET_INLINE_STEPS"] = "2"
+    client = client_for(backend)
+    cluster.worker("w1", concurrency=1)
+    run = client.enqueue("chain", 5)
+    assert run.wait(timeout=60) == sum(i * i for i in range(5))
+    assert len(_received_lines(cluster)) == 3, "two steps per task: 1-2, 3-4, 5"
+
+
+def test_a_fan_out_is_still_sent_item_by_item(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    cluster.worker("w1", concurrency=4)
+    run = client.enqueue("fan", 3)
+    assert run.wait(timeout=60)["n"] == 3
+    poll(lambda: len(_received_lines(cluster)) >= 3, 10, "the fan-out's messages")
+    assert len(_received_lines(cluster)) == 3, "three items, each a message; the last step inline"
