@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store.engine import Database, db_now
-from fleet.store.queries import Snapshot, history_query, run_query
+from fleet.store.queries import Snapshot, read_snapshot
 from fleet.store.schema import (
     attempts,
     blobs,
@@ -640,8 +640,7 @@ class Ledger:
                     _settle_intents(conn, run_id, step_id, earlier_intents, before=epoch)
                 _wake(conn, run_id, self.grace)
                 if snapshot:
-                    run = conn.execute(run_query(run_id)).one()
-                    return Committed(True, Snapshot(run, conn.execute(history_query(run_id)).all()))
+                    return Committed(True, read_snapshot(conn, run_id))
             else:
                 self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
             return Committed(applied)

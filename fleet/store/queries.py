@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import case, func, select
-from sqlalchemy.engine import Row
+from sqlalchemy.engine import Connection, Row
 
 from fleet.store.engine import Database, db_now
 from fleet.store.schema import attempts, blobs, dead_letters, incidents, intents, runs, steps
@@ -33,6 +33,12 @@ class Snapshot(NamedTuple):
     history: Sequence[Row[Any]]
 
 
+def read_snapshot(conn: Connection, run_id: str) -> Snapshot | None:
+    """The run and its history, inside the caller's transaction."""
+    run = conn.execute(run_query(run_id)).first()
+    return None if run is None else Snapshot(run, conn.execute(history_query(run_id)).all())
+
+
 class Queries:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -50,8 +56,7 @@ class Queries:
 
     def snapshot(self, run_id: str) -> Snapshot | None:
         with self.db.begin() as conn:
-            run = conn.execute(run_query(run_id)).first()
-            return None if run is None else Snapshot(run, conn.execute(history_query(run_id)).all())
+            return read_snapshot(conn, run_id)
 
     def runs(self, status: str | None = None, limit: int = 100) -> Sequence[Row[Any]]:
         stmt = select(runs).order_by(runs.c.created_at.desc()).limit(limit)

@@ -24,8 +24,8 @@ from tests.chaos.crew import APP, Crew
 from tests.chaos.injector import Injector, Plan
 from tests.chaos.report import Report, analyse
 from tests.chaos.services import PrivatePostgres, PrivateRedis
+from tests.harness import Backend, InlineBroker
 
-ROOT = Path(__file__).resolve().parents[2]
 SWEEP_GRACE = 1.0
 
 
@@ -79,8 +79,6 @@ def _env(**values: str) -> Iterator[None]:
 def reference_outputs(jobs: list[int], folder: Path) -> dict[int, Any]:
     """Each job's output from a fault-free run of the same workflow, executed in this
     process on SQLite (wake-ups kept in a list, delivered in order)."""
-    from tests.harness import InlineBroker
-
     folder.mkdir(parents=True, exist_ok=True)
     settings = Settings.from_env(
         {
@@ -136,21 +134,22 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
     say(f"  fault-free reference of {len(reference)} inputs: {time.monotonic() - started:.1f}s")
 
     pg, redis = PrivatePostgres(cfg.pg_port), PrivateRedis(cfg.redis_port, workdir)
-    log, provider = workdir / "steps.jsonl", workdir / "provider.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env.update(
-        FLEET_DATABASE_URL=pg.url,
-        FLEET_BROKER_URL=redis.url,
-        FLEET_LEASE_SECONDS=str(cfg.lease_seconds),
-        FLEET_SWEEP_INTERVAL="0.25",
-        FLEET_SWEEP_GRACE=str(SWEEP_GRACE),
-        FLEET_CHAOS_LOG=str(log),
-        FLEET_CHAOS_STEP_SECONDS=str(cfg.step_seconds),
-        FLEET_TEST_PROVIDER=str(provider),
-        PYTHONPATH=str(ROOT),
-        PYTHONUNBUFFERED="1",
-        **cfg.extra,
+    log = workdir / "steps.jsonl"
+    backend = Backend(
+        "postgres",
+        workdir,
+        pg.url,
+        redis.url,
+        lease_seconds=cfg.lease_seconds,
+        extra_env={
+            "FLEET_SWEEP_INTERVAL": "0.25",
+            "FLEET_SWEEP_GRACE": str(SWEEP_GRACE),
+            "FLEET_CHAOS_LOG": str(log),
+            "FLEET_CHAOS_STEP_SECONDS": str(cfg.step_seconds),
+            **cfg.extra,
+        },
     )
+    env, provider = backend.env(), backend.provider_path
 
     def spawn(name: str, argv: list[str]) -> FleetProcess:
         return FleetProcess(name, argv, {**env, "FLEET_WORKER_NAME": name}, workdir)
