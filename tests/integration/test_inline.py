@@ -50,3 +50,19 @@ def test_a_fan_out_is_still_sent_item_by_item(
     assert run.wait(timeout=60)["n"] == 3
     poll(lambda: len(_received_lines(cluster)) >= 3, 10, "the fan-out's messages")
     assert len(_received_lines(cluster)) == 3, "three items, each a message; the last step inline"
+
+
+def test_a_kept_step_whose_worker_died_before_taking_it_is_sent_by_the_sweeper(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    """Invariant 1: a step kept for inline execution is never sent, so if its worker dies
+    before taking it only the store knows of it; the sweeper must send it."""
+    from fleet.replay import advance
+
+    run = client.enqueue("chain", 2)
+    kept = advance(client.runtime, run.id, keep=True)  # records work#1, sends nothing
+    assert kept == "work#1"
+    assert not executions(backend, run.id)
+    cluster.worker("w1", concurrency=1)
+    cluster.sweeper()
+    assert run.wait(timeout=60) == 0 + 1
