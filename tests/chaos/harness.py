@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import text
 
 from fleet import Fleet, Settings
+from fleet.attempt import INLINE_SECONDS
 from fleet.procs import SWEEPER_READY, FleetProcess, sweeper_argv
 from tests.chaos import flows
 from tests.chaos.crew import APP, Crew
@@ -49,8 +50,10 @@ class ChaosConfig:
 
     @property
     def freeze_for(self) -> float:
-        """Past the lease, the sweeper's grace and a tick: a takeover happens meanwhile."""
-        return 2 * self.lease_seconds + SWEEP_GRACE + 1.0
+        """Past the lease, the sweeper's grace and a tick, and the time the re-sent step
+        may wait in the queue behind tasks running other runs' steps inline: a takeover
+        happens meanwhile."""
+        return 2 * self.lease_seconds + SWEEP_GRACE + 1.0 + INLINE_SECONDS
 
     def command(self) -> str:
         return (
@@ -187,8 +190,11 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
         # A run still live here gets the settle time after the last thaw, too.
         _wait_for_runs(client, injector, cfg.settle)
         elapsed = time.monotonic() - t0
+        stopped_at = time.time()
         crew.stop()
-        report = analyse(client, cfg.seed, jobs, reference, injector.faults, log, provider)
+        report = analyse(
+            client, cfg.seed, jobs, reference, injector.faults, log, provider, stopped_at
+        )
         report.seconds = elapsed
     finally:
         if crew is not None:

@@ -141,6 +141,12 @@ class Injector(threading.Thread):
         return Fault(KILL, at, time.time(), pid, f"worker pid {pid} killed; pid {new} started")
 
     def _freeze(self) -> Fault:
+        # One worker frozen at a time: the others must be free to take its steps over,
+        # or no takeover (and no zombie write to fence) can happen while it sleeps.
+        deadline = time.monotonic() + self.plan.freeze_for + 10.0
+        while self.crew.frozen and time.monotonic() < deadline:
+            if self.done.wait(0.1):
+                break
         busy = [
             i
             for i, p in enumerate(self.crew.slots)

@@ -141,6 +141,7 @@ def analyse(
     faults: list[Fault],
     log: Path,
     provider: Path,
+    stopped_at: float,
 ) -> Report:
     report = Report(seed, len(jobs), faults)
     db = client.runtime.db
@@ -167,7 +168,7 @@ def analyse(
     _effects(report, outputs, steps, provider)
     events = _events(log)
     _executions(report, events, steps)
-    _stale(report, events, steps, faults)
+    _stale(report, events, steps, faults, stopped_at)
     _recoveries(report, events, faults)
     return report
 
@@ -196,12 +197,19 @@ def _executions(report: Report, events: list[dict[str, Any]], steps: dict[Any, A
 
 
 def _stale(
-    report: Report, events: list[dict[str, Any]], steps: dict[Any, Any], faults: list[Fault]
+    report: Report,
+    events: list[dict[str, Any]],
+    steps: dict[Any, Any],
+    faults: list[Fault],
+    stopped_at: float,
 ) -> None:
     """Bodies that finished after a newer attempt of their step had started (a takeover):
     their write must have been refused, unless their process died first or the store
     was restarting."""
+    # The workers are all killed at ``stopped_at``, once every run has finished: a body
+    # that a late thaw let finish just before may not have reached its commit.
     kills = [(f.pid, f.at) for f in faults if f.kind == KILL]
+    kills += [(pid, stopped_at) for pid in {e["pid"] for e in events}]
     restarts = [(f.at - 1.0, f.until + 3.0) for f in faults if f.kind == PG_RESTART]
     newer: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     for e in events:
