@@ -24,7 +24,8 @@ from fleet.registry import StepDef
 from fleet.replay import advance, pinned_workflow, step_shadow
 from fleet.runtime import Runtime
 from fleet.states import Incident, IntentOutcome
-from fleet.store.ledger import Lease, TakeRefused
+from fleet.store.engine import CommitUnknown
+from fleet.store.ledger import Committed, Lease, TakeRefused
 from fleet.store.queries import Snapshot
 
 log = logging.getLogger("fleet.attempt")
@@ -196,7 +197,7 @@ def run_steps(rt: Runtime, run_id: str, step_id: str) -> None:
     records exactly one (a sequential run): no broker round trip, no second read. Up
     to ``inline_steps`` steps or ``INLINE_SECONDS``; then the next step is sent as a
     message like any other. A step kept for inline execution is in the store already:
-    if this process dies before taking it, the sweeper sends it."""
+    if this process dies before taking it (or while running it), the sweeper sends it."""
     deadline = time.monotonic() + INLINE_SECONDS
     ran = 0
 
@@ -207,23 +208,37 @@ def run_steps(rt: Runtime, run_id: str, step_id: str) -> None:
             and not stopping.is_set()
         )
 
-    following: str | None = step_id
+    following: str | Taken | None = step_id
     while following is not None:
         following = execute(rt, run_id, following, keep_next=more)
         ran += 1
 
 
+@dataclass(frozen=True)
+class Taken:
+    """A step whose lease this task holds already: the next step of a sequential run,
+    taken in the transaction that committed the step before it."""
+
+    run: Any
+    sd: StepDef
+    lease: Lease
+
+
 def execute(
-    rt: Runtime, run_id: str, step_id: str, keep_next: Callable[[], bool] | None = None
-) -> str | None:
+    rt: Runtime,
+    run_id: str,
+    step: str | Taken,
+    keep_next: Callable[[], bool] | None = None,
+) -> str | Taken | None:
     """Run one attempt of a step if this delivery may; otherwise say why it drops.
-    With ``keep_next`` (asked after the step committed), the run's next step, if it is
-    the only one, is returned instead of sent: the caller executes it."""
+    With ``keep_next`` (asked before the step commits), the run's next step, if it is
+    the only one, is not sent but returned (taken, or by id): the caller executes it."""
+    step_id = step if isinstance(step, str) else step.lease.step_id
     with log_context(run_id=run_id, step_id=step_id):
-        taken = _take(rt, run_id, step_id)
+        taken = _take(rt, run_id, step_id) if isinstance(step, str) else step
         if taken is None:
             return None
-        run, sd, lease = taken
+        run, sd, lease = taken.run, taken.sd, taken.lease
         with log_context(epoch=lease.epoch, attempt=lease.attempt):
             log.info(
                 "step %s of run %s: attempt %d, epoch %d on %s",
@@ -236,7 +251,7 @@ def execute(
             return _attempt(rt, run, sd, lease, keep_next)
 
 
-def _take(rt: Runtime, run_id: str, step_id: str) -> tuple[Any, StepDef, Lease] | None:
+def _take(rt: Runtime, run_id: str, step_id: str) -> Taken | None:
     run, step = rt.queries.run_and_step(run_id, step_id)
     if run is None or step is None:
         rt.ledger.incident(
@@ -262,12 +277,12 @@ def _take(rt: Runtime, run_id: str, step_id: str) -> tuple[Any, StepDef, Lease] 
     if isinstance(lease, TakeRefused):
         _refused(rt, run, step_id, lease, owner)
         return None
-    return run, sd, lease
+    return Taken(run, sd, lease)
 
 
 def _attempt(
     rt: Runtime, run: Any, sd: StepDef, lease: Lease, keep_next: Callable[[], bool] | None
-) -> str | None:
+) -> str | Taken | None:
     run_id, step_id = lease.run_id, lease.step_id
     earlier: IntentOutcome | None = None
     with Heartbeat(rt, lease) as hb:
@@ -286,20 +301,101 @@ def _attempt(
         except Exception as exc:
             _failed(rt, run, sd, lease, exc)
             return None
-    done = rt.ledger.commit_output(
-        run_id, step_id, lease.epoch, encoded, earlier_intents=earlier, snapshot=True
-    )
-    if done:
-        return _advance_now(rt, run, done.snapshot, keep=keep_next is not None and keep_next())
-    else:
+    keep = keep_next is not None and keep_next()
+    try:
+        unit = _commit_and_continue(rt, run, sd, lease, encoded, earlier, keep)
+    except CommitUnknown:
+        raise  # it may have applied: the store decides when the lease expires
+    except Exception as exc:
+        # Rolled back whole, so nothing of it applied: commit the step on its own, as
+        # one transaction, and replay the run after it.
         log.warning(
-            "fenced: step %s of run %s finished under epoch %d after losing its lease; "
-            "its output was discarded",
+            "step %s of run %s: commit with the replay failed (%s); committing it alone",
             step_id,
             run_id,
-            lease.epoch,
+            exc,
         )
+        done = _commit(rt, sd, lease, encoded, earlier)
+        if not done:
+            _log_fenced(lease)
+            return None
+        return _advance_now(rt, run, done.snapshot, keep=keep)
+    # Committed: from here on nothing may fall back to committing again.
+    if not unit.applied:
+        _log_fenced(lease)
         return None
+    if isinstance(unit.kept, TakeRefused):
+        assert unit.following is not None
+        _refused(rt, run, unit.following, unit.kept, rt.worker_name)
+        return None
+    if unit.kept is None:
+        return None
+    assert unit.next_sd is not None
+    return Taken(run, unit.next_sd, unit.kept)
+
+
+@dataclass
+class _Continued:
+    """What one commit-and-continue transaction did."""
+
+    applied: bool = False  # false: fenced
+    following: str | None = None  # the one next step the replay recorded and kept
+    kept: Lease | TakeRefused | None = None  # taking its lease: held, or why not
+    next_sd: StepDef | None = None
+
+
+def _commit_and_continue(
+    rt: Runtime,
+    run: Any,
+    sd: StepDef,
+    lease: Lease,
+    encoded: str,
+    earlier: IntentOutcome | None,
+    keep: bool,
+) -> _Continued:
+    """One transaction: commit the step's output under the epoch held, replay the run
+    (recording its next steps), and, with ``keep``, take the lease of the next step if
+    the replay recorded exactly one. Messages for other new steps go after the commit."""
+    unit = _Continued()
+    with rt.db.unit():
+        done = _commit(rt, sd, lease, encoded, earlier)
+        if not done:
+            return unit  # fenced: the attempt's outcome and the incident still commit
+        unit.applied = True
+        unit.following = advance(rt, run.id, done.snapshot, keep=keep)
+        if unit.following is not None:
+            unit.kept = rt.ledger.take_lease(
+                run.id, unit.following, rt.worker_name, rt.settings.lease_seconds
+            )
+            if isinstance(unit.kept, Lease):
+                # The replay has just called it, so this worker has it.
+                unit.next_sd = rt.registry.steps[unit.kept.name]
+    return unit
+
+
+def _commit(
+    rt: Runtime, sd: StepDef, lease: Lease, encoded: str, earlier: IntentOutcome | None
+) -> Committed:
+    """The step's output, under the epoch held, with the run and history for the replay."""
+    return rt.ledger.commit_output(
+        lease.run_id,
+        lease.step_id,
+        lease.epoch,
+        encoded,
+        earlier_intents=earlier,
+        effect=sd.effect,
+        snapshot=True,
+    )
+
+
+def _log_fenced(lease: Lease) -> None:
+    log.warning(
+        "fenced: step %s of run %s finished under epoch %d after losing its lease; "
+        "its output was discarded",
+        lease.step_id,
+        lease.run_id,
+        lease.epoch,
+    )
 
 
 class _Gate(Enum):

@@ -6,6 +6,7 @@ a value."""
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from typing import Any
 
 from fleet import codec
@@ -32,10 +33,25 @@ class Payloads:
         return BLOB + digest
 
     def load(self, text: str | None) -> Any:
-        if text is None or not text.startswith(BLOB):
+        if text is None:
+            return None
+        if len(text) <= _SCALAR_TEXT and text[0] not in "{[" and not text.startswith(BLOB):
+            return _scalar(text)
+        if not text.startswith(BLOB):
             return codec.decode(text)
         digest = text[len(BLOB) :]
         body = self.queries.blob(digest)
         if body is None:
             raise FleetError(f"stored value {text} is missing from fleet_blobs")
         return codec.decode(body)
+
+
+# A replay decodes every recorded output again. Short scalars (null, numbers, true,
+# short strings) are immutable, so their decoded values are shared; objects and
+# arrays are decoded afresh each time, since a workflow may change what it is given.
+_SCALAR_TEXT = 128
+
+
+@lru_cache(maxsize=4096)
+def _scalar(text: str) -> Any:
+    return codec.decode(text)

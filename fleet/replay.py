@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy.engine import Row
@@ -198,7 +199,7 @@ class WorkflowContext:
         self.to_dispatch.extend(s.step_id for s in positioned if s.kind == StepKind.TASK)
 
     def _outcome(self, rec: Row[Any]) -> Any:
-        status = StepStatus(rec.status)
+        status = rec.status  # compared as text: this runs once per step per replay
         if status == StepStatus.DONE:
             return self._rt.payloads.load(rec.output)
         if status == StepStatus.DEAD:
@@ -293,9 +294,16 @@ def _advance(rt: Runtime, run_id: str, snapshot: Snapshot | None, keep: bool) ->
             # Dispatch what was recorded, whether the replay suspended or not.
             if keep and len(ctx.to_dispatch) == 1:
                 kept = ctx.to_dispatch.pop()
+            # Inside a unit (a commit with its replay), once the steps are committed.
             for step_id in ctx.to_dispatch:
-                rt.dispatcher.execute(
-                    run_id, step_id, run.queue, shadow=step_shadow(run.workflow, step_id)
+                rt.db.after_commit(
+                    partial(
+                        rt.dispatcher.execute,
+                        run_id,
+                        step_id,
+                        run.queue,
+                        shadow=step_shadow(run.workflow, step_id),
+                    )
                 )
         if ctx._pos < len(ctx._history):
             raise NonDeterminism(

@@ -6,18 +6,20 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, Float, create_engine, event, inspect
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from fleet.errors import StoreUnavailable
+from fleet.store.history import HistoryCache
 
 log = logging.getLogger("fleet.store")
 
@@ -74,7 +76,52 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _configure_sqlite(engine)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    engine = create_engine(url, pool_size=5, max_overflow=10)
+    _ping_idle_connections(engine)
+    return engine
+
+
+# A pooled connection used less than this long ago is trusted without a ping.
+PING_IDLE_SECONDS = 1.0
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """Ping a connection on checkout only if it sat idle in the pool, not on every
+    checkout as ``pool_pre_ping`` does: a busy worker's step would pay a round trip (a
+    transaction, as Postgres counts it) for nothing. A connection that died while in
+    use (a Postgres restart) fails its statement instead; SQLAlchemy then invalidates
+    the whole pool, and the caller's transaction is retried or re-run as any store
+    error is (a step's commit falls back to committing alone, a lease expires)."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.pop("idle_since", None)
+        if idle_since is None or time.monotonic() - idle_since < PING_IDLE_SECONDS:
+            return  # just connected, or in use a moment ago
+        try:
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SELECT 1")
+            dbapi_conn.rollback()
+        except Exception as exc:
+            # The pool discards this connection and checks out (or opens) another.
+            raise DisconnectionError(f"idle connection is gone: {exc}") from exc
+
+
+class CommitUnknown(StoreUnavailable):
+    """A unit's COMMIT failed: whether it applied is unknown until the store is read."""
+
+
+class _Unit:
+    """The transaction a ``Database.unit`` holds on one thread, and what waits for it."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.failed: BaseException | None = None
+        self.after: list[Callable[[], object]] = []
 
 
 class Database:
@@ -85,6 +132,9 @@ class Database:
         self._engine: Engine | None = None
         self._pid = 0
         self._lock = threading.Lock()
+        # The open unit of each thread (greenlet, under gevent's patching).
+        self._local = threading.local()
+        self.history = HistoryCache()
 
     @property
     def engine(self) -> Engine:
@@ -105,12 +155,89 @@ class Database:
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
-        """One transaction; driver errors come out as ``StoreUnavailable``."""
+        """One transaction; driver errors come out as ``StoreUnavailable``. Inside a
+        ``unit`` on this thread, the unit's transaction instead."""
+        unit: _Unit | None = getattr(self._local, "unit", None)
+        if unit is not None:
+            with self._joined(unit) as conn:
+                yield conn
+            return
         try:
             with self.engine.begin() as conn:
                 yield conn
         except OperationalError as exc:
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
+
+    @contextmanager
+    def _joined(self, unit: _Unit) -> Iterator[Connection]:
+        if unit.failed is not None:
+            raise StoreUnavailable(f"store call after a failed one in the same unit: {unit.failed}")
+        try:
+            yield unit.conn
+        except OperationalError as exc:
+            unit.failed = exc
+            raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
+        except Exception as exc:
+            # Even if a caller swallows it, the unit must not commit after this.
+            unit.failed = exc
+            raise
+
+    @contextmanager
+    def unit(self) -> Iterator[None]:
+        """One transaction for every store call this thread makes inside it, so several
+        conditional writes (and the reads between them) cost one round of BEGIN/COMMIT
+        and land together or not at all. Work registered with ``after_commit`` runs
+        once the unit has committed, and never if it rolls back.
+
+        Errors: anything raised inside rolls the unit back and propagates (driver errors
+        as ``StoreUnavailable``), as does a store call that failed even if its caller
+        caught the error; a failed COMMIT raises ``CommitUnknown``."""
+        if getattr(self._local, "unit", None) is not None:
+            raise RuntimeError("Database.unit does not nest")
+        try:
+            conn = self.engine.connect()
+        except OperationalError as exc:
+            raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
+        unit = _Unit(conn)
+        try:
+            try:
+                conn.begin()
+                self._local.unit = unit
+                try:
+                    yield
+                finally:
+                    self._local.unit = None
+                if unit.failed is not None:
+                    raise StoreUnavailable(f"a store call in the unit failed: {unit.failed}")
+            except BaseException:
+                _quietly_rollback(conn)
+                raise
+            try:
+                conn.commit()
+            except OperationalError as exc:
+                raise CommitUnknown(describe_driver_error(self.url, exc)) from exc
+        except OperationalError as exc:
+            raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
+        finally:
+            conn.close()
+        for work in unit.after:
+            try:
+                work()
+            except Exception:  # the unit has committed: nothing here may undo or redo it
+                log.exception("work after a commit failed")
+
+    @property
+    def in_unit(self) -> bool:
+        """Whether this thread has a unit open (its store calls join it)."""
+        return getattr(self._local, "unit", None) is not None
+
+    def after_commit(self, work: Callable[[], object]) -> None:
+        """Run ``work`` when this thread's open unit commits; with none open, now."""
+        unit: _Unit | None = getattr(self._local, "unit", None)
+        if unit is None:
+            work()
+        else:
+            unit.after.append(work)
 
     def has_schema(self) -> bool:
         try:
@@ -123,6 +250,13 @@ class Database:
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
+
+
+def _quietly_rollback(conn: Connection) -> None:
+    try:
+        conn.rollback()
+    except Exception as exc:  # the connection is gone; the server rolls back itself
+        log.debug("rollback of a failed unit failed too: %s", exc)
 
 
 def redact(url: str) -> str:

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, insert, literal, or_, select, update
+from sqlalchemy import and_, case, exists, insert, literal, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
+from fleet.store import statements as hot
 from fleet.store.engine import Database, db_now
 from fleet.store.queries import Snapshot, read_snapshot
 from fleet.store.schema import (
@@ -32,6 +33,7 @@ from fleet.store.schema import (
     signals,
     steps,
 )
+from fleet.store.statements import held, run_is, step_is, takeable, within_budget
 
 log = logging.getLogger("fleet.ledger")
 
@@ -41,79 +43,20 @@ def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]])
     if not rows:
         return 0
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    # One multi-row VALUES statement: values may be SQL expressions (the db clock).
-    stmt = dialect.insert(table).values(list(rows)).on_conflict_do_nothing()
+    # One multi-row VALUES statement: values may be SQL expressions (the db clock). A
+    # single row goes as a plain VALUES, whose compiled form SQLAlchemy caches.
+    values = rows[0] if len(rows) == 1 else list(rows)
+    stmt = dialect.insert(table).values(values).on_conflict_do_nothing()
     return conn.execute(stmt).rowcount
-
-
-# A step whose lease may be taken now: never run, due for retry, or abandoned.
-def _takeable(now: Any) -> Any:
-    return or_(
-        steps.c.status == StepStatus.PENDING,
-        and_(steps.c.status == StepStatus.RETRY_WAIT, steps.c.due_at <= now),
-        and_(steps.c.status == StepStatus.RUNNING, steps.c.lease_expires_at < now),
-    )
-
-
-def _run_is(run_id: Any, *statuses: RunStatus) -> Any:
-    return exists().where(runs.c.id == run_id, runs.c.status.in_(list(statuses)))
-
-
-def _spent_tokens(run_id: Any) -> Any:
-    return (
-        select(func.coalesce(func.sum(attempts.c.input_tokens + attempts.c.output_tokens), 0))
-        .where(attempts.c.run_id == run_id)
-        .scalar_subquery()
-    )
-
-
-def _spent_cost(run_id: Any) -> Any:
-    return (
-        select(func.coalesce(func.sum(attempts.c.cost), 0.0))
-        .where(attempts.c.run_id == run_id)
-        .scalar_subquery()
-    )
-
-
-def _within_budget(run_id: Any) -> Any:
-    """The run's recorded spend (every attempt's) is below each limit it has."""
-    return exists().where(
-        runs.c.id == run_id,
-        or_(runs.c.budget_tokens.is_(None), _spent_tokens(run_id) < runs.c.budget_tokens),
-        or_(runs.c.budget_cost.is_(None), _spent_cost(run_id) < runs.c.budget_cost),
-    )
-
-
-def _step(run_id: str, step_id: str) -> Any:
-    return and_(steps.c.run_id == run_id, steps.c.step_id == step_id)
-
-
-def _held(run_id: str, step_id: str, epoch: int) -> Any:
-    """The fence: the step is still running under the epoch this writer holds."""
-    return and_(
-        _step(run_id, step_id), steps.c.status == StepStatus.RUNNING, steps.c.epoch == epoch
-    )
 
 
 def _wake(conn: Connection, run_id: str, grace: float) -> None:
     """Note that the run needs replaying; the sweeper re-sends if the advance is lost."""
-    now = db_now()
-    conn.execute(
-        update(runs)
-        .where(runs.c.id == run_id)
-        .values(
-            wake_seq=runs.c.wake_seq + 1,
-            updated_at=now,
-            redispatch_at=now + grace,
-            dispatches=0,
-        )
-    )
+    conn.execute(hot.WAKE, {"b_run": run_id, "b_grace": grace})
 
 
 def _mark_advanced(conn: Connection, run_id: str, seq: int) -> None:
-    conn.execute(
-        update(runs).where(runs.c.id == run_id, runs.c.advanced_seq < seq).values(advanced_seq=seq)
-    )
+    conn.execute(hot.MARK_ADVANCED, {"b_run": run_id, "b_seq": seq})
 
 
 def _settle_intents(
@@ -344,7 +287,7 @@ class Ledger:
                 .from_select(
                     ["run_id", "name", "payload", "created_at"],
                     select(literal(run_id), literal(name), literal(payload), now).where(
-                        _run_is(run_id, *_LIVE_RUN)
+                        run_is(run_id, *_LIVE_RUN)
                     ),
                 )
                 .returning(signals.c.id)
@@ -392,7 +335,7 @@ class Ledger:
                             raise _Rollback
                         if not conn.execute(
                             update(steps)
-                            .where(_step(run_id, step_id), steps.c.status == StepStatus.PENDING)
+                            .where(step_is(run_id, step_id), steps.c.status == StepStatus.PENDING)
                             .values(status=StepStatus.DONE, output=signal.payload, finished_at=now)
                         ).rowcount:
                             raise _Rollback
@@ -411,7 +354,7 @@ class Ledger:
             steps.c.kind == StepKind.WAIT,
             steps.c.status == StepStatus.PENDING,
             steps.c.due_at <= now,
-            _run_is(steps.c.run_id, RunStatus.RUNNING, RunStatus.WAITING),
+            run_is(steps.c.run_id, RunStatus.RUNNING, RunStatus.WAITING),
         )
         with self.db.begin() as conn:
             keys = conn.execute(
@@ -421,7 +364,7 @@ class Ledger:
             for run_id, step_id in keys:
                 if conn.execute(
                     update(steps)
-                    .where(_step(run_id, step_id), due)
+                    .where(step_is(run_id, step_id), due)
                     .values(status=StepStatus.DONE, output="null", finished_at=now)
                 ).rowcount:
                     _wake(conn, run_id, self.grace)
@@ -445,33 +388,46 @@ class Ledger:
         Step ids and positions are deterministic, so both replays insert the same rows.
         With ``advanced_seq``, this is the replay's last write: ``mark_advanced`` is done
         in the same transaction."""
-        now = db_now()
-        rows = [
-            {
-                "run_id": run_id,
-                "step_id": s.step_id,
-                "seq": s.seq,
-                "name": s.name,
-                "kind": s.kind,
-                "input": s.input,
-                "status": StepStatus.DONE if s.kind == StepKind.VALUE else StepStatus.PENDING,
-                "output": s.output,
-                "attempts": 0,
-                "max_attempts": s.max_attempts,
-                "epoch": 0,
-                "dispatches": 0,
-                "created_at": now,
-                # The advance sends the wake-up itself; the sweeper steps in after grace.
-                "redispatch_at": now + self.grace if s.kind == StepKind.TASK else None,
-                "due_at": now + s.delay if s.delay is not None else None,
-                "finished_at": now if s.kind == StepKind.VALUE else None,
-            }
-            for s in new
-        ]
         with self.db.begin() as conn:
-            _insert_ignore(conn, steps, rows)
+            if len(new) == 1 and new[0].kind == StepKind.TASK and new[0].delay is None:
+                # A sequential run's next step: the hot path, one prebuilt statement.
+                (s,) = new
+                params = {
+                    "b_run": run_id,
+                    "b_step": s.step_id,
+                    "b_seq": s.seq,
+                    "b_name": s.name,
+                    "b_input": s.input,
+                    "b_max_attempts": s.max_attempts,
+                    "b_grace": self.grace,
+                }
+                conn.execute(hot.RECORD_TASK[conn.dialect.name], params)
+            else:
+                _insert_ignore(conn, steps, [self._step_row(run_id, s) for s in new])
             if advanced_seq is not None:
                 _mark_advanced(conn, run_id, advanced_seq)
+
+    def _step_row(self, run_id: str, s: NewStep) -> dict[str, Any]:
+        now = db_now()
+        return {
+            "run_id": run_id,
+            "step_id": s.step_id,
+            "seq": s.seq,
+            "name": s.name,
+            "kind": s.kind,
+            "input": s.input,
+            "status": StepStatus.DONE if s.kind == StepKind.VALUE else StepStatus.PENDING,
+            "output": s.output,
+            "attempts": 0,
+            "max_attempts": s.max_attempts,
+            "epoch": 0,
+            "dispatches": 0,
+            "created_at": now,
+            # The advance sends the wake-up itself; the sweeper steps in after grace.
+            "redispatch_at": now + self.grace if s.kind == StepKind.TASK else None,
+            "due_at": now + s.delay if s.delay is not None else None,
+            "finished_at": now if s.kind == StepKind.VALUE else None,
+        }
 
     # --- steps: one attempt ---------------------------------------------------
 
@@ -483,35 +439,15 @@ class Ledger:
         now = db_now()
         with self.db.begin() as conn:
             row = conn.execute(
-                update(steps)
-                .where(
-                    _step(run_id, step_id),
-                    steps.c.kind == StepKind.TASK,
-                    steps.c.attempts < steps.c.max_attempts,
-                    _takeable(now),
-                    _run_is(run_id, RunStatus.RUNNING),
-                    # Checked in the same statement that starts the step: however many
-                    # workers race, none starts a step once the budget is reached.
-                    _within_budget(run_id),
-                )
-                .values(
-                    status=StepStatus.RUNNING,
-                    epoch=steps.c.epoch + 1,
-                    attempts=steps.c.attempts + 1,
-                    lease_owner=owner,
-                    lease_expires_at=now + lease_seconds,
-                    due_at=None,
-                    # An expired lease is the sweeper's cue; no other re-send is needed.
-                    redispatch_at=None,
-                    dispatches=0,
-                )
-                .returning(steps.c.epoch, steps.c.attempts, steps.c.name, steps.c.input)
+                hot.TAKE,
+                {"b_run": run_id, "b_step": step_id, "b_owner": owner, "b_lease": lease_seconds},
             ).first()
             if row is None:
                 return self._why_not_taken(conn, run_id, step_id)
             epoch, attempt, name, input_ = row
             # The attempt that held the previous epoch, if it never reported, was lost.
-            took_over = (
+            # (Epochs only grow, so a first epoch has no earlier attempt to look for.)
+            took_over = epoch > 1 and (
                 conn.execute(
                     update(attempts)
                     .where(
@@ -524,19 +460,14 @@ class Ledger:
                 > 0
             )
             conn.execute(
-                insert(attempts).values(
-                    run_id=run_id,
-                    step_id=step_id,
-                    epoch=epoch,
-                    attempt=attempt,
-                    worker=owner,
-                    outcome=AttemptOutcome.RUNNING,
-                    started_at=now,
-                    calls=0,
-                    input_tokens=0,
-                    output_tokens=0,
-                    cost=0.0,
-                )
+                hot.OPEN_ATTEMPT,
+                {
+                    "b_run": run_id,
+                    "b_step": step_id,
+                    "b_epoch": epoch,
+                    "b_attempt": attempt,
+                    "b_owner": owner,
+                },
             )
             if took_over:
                 self._incident(conn, Incident.TAKEOVER, run_id, step_id, epoch, owner)
@@ -549,10 +480,10 @@ class Ledger:
                 steps.c.status,
                 steps.c.attempts,
                 steps.c.max_attempts,
-                _takeable(now).label("takeable"),
-                _run_is(run_id, RunStatus.RUNNING).label("run_live"),
-                _within_budget(run_id).label("within_budget"),
-            ).where(_step(run_id, step_id))
+                takeable(now).label("takeable"),
+                run_is(run_id, RunStatus.RUNNING).label("run_live"),
+                within_budget(run_id).label("within_budget"),
+            ).where(step_is(run_id, step_id))
         ).first()
         if row is None:
             return TakeRefused.UNKNOWN_STEP
@@ -571,14 +502,8 @@ class Ledger:
     def heartbeat(self, run_id: str, step_id: str, epoch: int, lease_seconds: float) -> bool:
         """Extend a held lease. False: the lease was lost (taken over or revoked)."""
         with self.db.begin() as conn:
-            return (
-                conn.execute(
-                    update(steps)
-                    .where(_held(run_id, step_id, epoch))
-                    .values(lease_expires_at=db_now() + lease_seconds)
-                ).rowcount
-                == 1
-            )
+            params = {"b_run": run_id, "b_step": step_id, "b_epoch": epoch}
+            return conn.execute(hot.RENEW, {**params, "b_lease": lease_seconds}).rowcount == 1
 
     def release_lease(self, run_id: str, step_id: str, epoch: int) -> bool:
         """A worker shutting down gives a held lease up: it expires now. False: it was
@@ -587,7 +512,7 @@ class Ledger:
             return (
                 conn.execute(
                     update(steps)
-                    .where(_held(run_id, step_id, epoch))
+                    .where(held(run_id, step_id, epoch))
                     .values(lease_expires_at=db_now() - 0.001, redispatch_at=None)
                 ).rowcount
                 == 1
@@ -601,30 +526,17 @@ class Ledger:
         output: str,
         *,
         earlier_intents: IntentOutcome | None = None,
+        effect: bool = True,
         snapshot: bool = False,
     ) -> Committed:
         """running → done, only under the epoch held. False is a fenced write: the lease
         was taken over (or revoked) since this attempt took it. Counted, never applied.
-        With ``snapshot``, an applied commit also reads the run and its history for the
-        replay that follows (one transaction instead of two)."""
-        now = db_now()
+        ``effect``: the step is an effect, whose intents settle with the commit (no
+        other step writes intents). With ``snapshot``, an applied commit also reads the
+        run and its history for the replay that follows (one transaction instead of two)."""
         with self.db.begin() as conn:
-            applied = (
-                conn.execute(
-                    update(steps)
-                    .where(_held(run_id, step_id, epoch))
-                    .values(
-                        status=StepStatus.DONE,
-                        output=output,
-                        error=None,
-                        lease_owner=None,
-                        lease_expires_at=None,
-                        redispatch_at=None,
-                        finished_at=now,
-                    )
-                ).rowcount
-                == 1
-            )
+            params = {"b_run": run_id, "b_step": step_id, "b_epoch": epoch, "b_output": output}
+            applied = conn.execute(hot.COMMIT, params).rowcount == 1
             self._close_attempt(
                 conn,
                 run_id,
@@ -635,12 +547,13 @@ class Ledger:
             if applied:
                 # An effect's outcome commits with its checkpoint (and with ``earlier_intents``
                 # set, the in-doubt intents of earlier attempts are settled with it).
-                _settle_intents(conn, run_id, step_id, IntentOutcome.DONE, epoch=epoch)
+                if effect:
+                    _settle_intents(conn, run_id, step_id, IntentOutcome.DONE, epoch=epoch)
                 if earlier_intents is not None:
                     _settle_intents(conn, run_id, step_id, earlier_intents, before=epoch)
                 _wake(conn, run_id, self.grace)
                 if snapshot:
-                    return Committed(True, read_snapshot(conn, run_id))
+                    return Committed(True, read_snapshot(conn, run_id, self.db.history))
             else:
                 self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
             return Committed(applied)
@@ -657,7 +570,7 @@ class Ledger:
             applied = (
                 conn.execute(
                     update(steps)
-                    .where(_held(run_id, step_id, epoch))
+                    .where(held(run_id, step_id, epoch))
                     .values(
                         status=StepStatus.RETRY_WAIT,
                         due_at=due,
@@ -702,13 +615,13 @@ class Ledger:
         now = db_now()
         if epoch is None:
             guard = and_(
-                _step(run_id, step_id),
+                step_is(run_id, step_id),
                 steps.c.attempts >= steps.c.max_attempts,
-                _takeable(now),
-                _run_is(run_id, RunStatus.RUNNING),
+                takeable(now),
+                run_is(run_id, RunStatus.RUNNING),
             )
         else:
-            guard = _held(run_id, step_id, epoch)
+            guard = held(run_id, step_id, epoch)
         error = f"{error_type}: {error_message}"
         with self.db.begin() as conn:
             row = conn.execute(
@@ -790,7 +703,7 @@ class Ledger:
                     dead_letters.c.id == letter_id,
                     dead_letters.c.replayed_at.is_(None),
                     exists().where(letter_step, steps.c.status == StepStatus.DEAD),
-                    _run_is(dead_letters.c.run_id, RunStatus.FAILED, RunStatus.RUNNING),
+                    run_is(dead_letters.c.run_id, RunStatus.FAILED, RunStatus.RUNNING),
                 )
                 .values(replayed_at=now)
                 .returning(dead_letters.c.run_id, dead_letters.c.step_id)
@@ -810,7 +723,7 @@ class Ledger:
                 values["input"] = new_input
             conn.execute(
                 update(steps)
-                .where(_step(run_id, step_id), steps.c.status == StepStatus.DEAD)
+                .where(step_is(run_id, step_id), steps.c.status == StepStatus.DEAD)
                 .values(**values)
             )
             conn.execute(
@@ -879,7 +792,7 @@ class Ledger:
                         literal(input_hash),
                         literal(IntentOutcome.OPEN.value),
                         now,
-                    ).where(exists().where(_held(run_id, step_id, epoch))),
+                    ).where(exists().where(held(run_id, step_id, epoch))),
                 )
                 .returning(intents.c.epoch)
             ).first()
@@ -889,7 +802,7 @@ class Ledger:
         """Earlier in-doubt intents will be retried under this epoch's key (an idempotent
         effect, or its reconcile hook said it had not happened). False: lease lost."""
         with self.db.begin() as conn:
-            if not conn.execute(select(steps.c.epoch).where(_held(run_id, step_id, epoch))).first():
+            if not conn.execute(select(steps.c.epoch).where(held(run_id, step_id, epoch))).first():
                 return False
             _settle_intents(conn, run_id, step_id, IntentOutcome.SUPERSEDED, before=epoch)
             return True
@@ -901,7 +814,7 @@ class Ledger:
         with self.db.begin() as conn:
             if not conn.execute(
                 update(steps)
-                .where(_held(run_id, step_id, epoch))
+                .where(held(run_id, step_id, epoch))
                 .values(
                     status=StepStatus.IN_DOUBT,
                     lease_owner=None,
@@ -953,9 +866,9 @@ class Ledger:
             if not conn.execute(
                 update(steps)
                 .where(
-                    _step(run_id, step_id),
+                    step_is(run_id, step_id),
                     steps.c.status == StepStatus.IN_DOUBT,
-                    _run_is(run_id, RunStatus.NEEDS_DECISION),
+                    run_is(run_id, RunStatus.NEEDS_DECISION),
                 )
                 .values(**values)
             ).rowcount:
@@ -979,7 +892,7 @@ class Ledger:
                     .where(
                         runs.c.id == run_id,
                         runs.c.status == RunStatus.RUNNING,
-                        ~_within_budget(run_id),
+                        ~within_budget(run_id),
                     )
                     .values(status=RunStatus.NEEDS_DECISION, decision="budget", updated_at=db_now())
                 ).rowcount
@@ -1008,7 +921,7 @@ class Ledger:
                 return False
             conn.execute(
                 update(steps)
-                .where(steps.c.run_id == run_id, steps.c.kind == StepKind.TASK, _takeable(now))
+                .where(steps.c.run_id == run_id, steps.c.kind == StepKind.TASK, takeable(now))
                 .values(redispatch_at=now + self.grace, dispatches=0)
             )
             return True
@@ -1072,14 +985,14 @@ class Ledger:
         # Only a still-open attempt is closed: one already marked lost by a takeover
         # keeps "lost" unless it now reports itself fenced.
         conn.execute(
-            update(attempts)
-            .where(
-                attempts.c.run_id == run_id,
-                attempts.c.step_id == step_id,
-                attempts.c.epoch == epoch,
-                attempts.c.outcome.in_([AttemptOutcome.RUNNING, AttemptOutcome.LOST]),
-            )
-            .values(outcome=outcome, error=error, finished_at=db_now())
+            hot.CLOSE_ATTEMPT,
+            {
+                "b_run": run_id,
+                "b_step": step_id,
+                "b_epoch": epoch,
+                "b_outcome": outcome,
+                "b_error": error,
+            },
         )
 
     # --- the sweeper's claims -------------------------------------------------
@@ -1092,9 +1005,9 @@ class Ledger:
         now = db_now()
         due = and_(
             steps.c.kind == StepKind.TASK,
-            _takeable(now),
+            takeable(now),
             or_(steps.c.redispatch_at.is_(None), steps.c.redispatch_at <= now),
-            _run_is(steps.c.run_id, RunStatus.RUNNING),
+            run_is(steps.c.run_id, RunStatus.RUNNING),
         )
         with self.db.begin() as conn:
             keys = conn.execute(
@@ -1104,7 +1017,7 @@ class Ledger:
             for run_id, step_id in keys:
                 row = conn.execute(
                     update(steps)
-                    .where(_step(run_id, step_id), due)
+                    .where(step_is(run_id, step_id), due)
                     .values(
                         redispatch_at=now + self.grace * (steps.c.dispatches + 1),
                         dispatches=steps.c.dispatches + 1,

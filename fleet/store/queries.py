@@ -10,7 +10,9 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection, Row
 
 from fleet.store.engine import Database, db_now
+from fleet.store.history import HistoryCache
 from fleet.store.schema import attempts, blobs, dead_letters, incidents, intents, runs, steps
+from fleet.store.statements import HISTORY, HISTORY_AFTER, RUN_ROW
 
 
 def run_query(run_id: str) -> Any:
@@ -33,10 +35,19 @@ class Snapshot(NamedTuple):
     history: Sequence[Row[Any]]
 
 
-def read_snapshot(conn: Connection, run_id: str) -> Snapshot | None:
-    """The run and its history, inside the caller's transaction."""
-    run = conn.execute(run_query(run_id)).first()
-    return None if run is None else Snapshot(run, conn.execute(history_query(run_id)).all())
+def read_snapshot(conn: Connection, run_id: str, cache: HistoryCache) -> Snapshot | None:
+    """The run and its history, inside the caller's transaction: the finished rows this
+    process read before from ``cache``, the rest from the store."""
+    run = conn.execute(RUN_ROW, {"b_run": run_id}).first()
+    if run is None:
+        return None
+    prefix = cache.prefix(run_id)
+    if prefix:
+        tail = conn.execute(HISTORY_AFTER, {"b_run": run_id, "b_seq": prefix[-1].seq}).all()
+    else:
+        tail = conn.execute(HISTORY, {"b_run": run_id}).all()
+    cache.extend(run_id, prefix, tail)
+    return Snapshot(run, [*prefix, *tail])
 
 
 class Queries:
@@ -56,7 +67,7 @@ class Queries:
 
     def snapshot(self, run_id: str) -> Snapshot | None:
         with self.db.begin() as conn:
-            return read_snapshot(conn, run_id)
+            return read_snapshot(conn, run_id, self.db.history)
 
     def runs(self, status: str | None = None, limit: int = 100) -> Sequence[Row[Any]]:
         stmt = select(runs).order_by(runs.c.created_at.desc()).limit(limit)

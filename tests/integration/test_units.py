@@ -1,0 +1,189 @@
+"""A finished step's commit, the replay after it and the lease of the next step share
+one transaction (``Database.unit``): what it sends goes out only once it committed,
+a failure inside it loses nothing that was recorded before, and the per-process
+history cache serves exactly what a full read would."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, event
+
+from fleet import Fleet
+from fleet.attempt import execute
+from fleet.errors import StoreUnavailable
+from fleet.store.engine import Database
+from fleet.store.queries import read_snapshot
+from fleet.store.statements import HISTORY
+from tests.harness import Backend, InlineBroker, starts
+
+
+def _main_thread_transactions(client: Fleet) -> list[int]:
+    """A counter of the transactions this thread begins (heartbeats run in others)."""
+    count = [0]
+    me = threading.get_ident()
+
+    @event.listens_for(client.runtime.db.engine, "begin")
+    def _begun(conn: Any) -> None:
+        if threading.get_ident() == me:
+            count[0] += 1
+
+    return count
+
+
+def test_an_inline_step_costs_one_transaction(
+    client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ``work`` step's body records usage (a transaction of its own): not counted.
+    usage = client.runtime.ledger.add_usage
+    recorded = [0]
+
+    def counted_usage(*args: Any, **kwargs: Any) -> None:
+        recorded[0] += 1
+        usage(*args, **kwargs)
+
+    monkeypatch.setattr(client.runtime.ledger, "add_usage", counted_usage)
+    run = client.enqueue("chain", 8)
+    inline.drain(until=lambda: any(task == "fleet.execute" for task, _ in inline.sent))
+    (message,) = [args for task, args in inline.sent if task == "fleet.execute"]
+    inline.sent.clear()
+    count = _main_thread_transactions(client)
+    following: Any = message[1]
+    steps = 0
+    while following is not None:
+        following = execute(client.runtime, run.id, following, keep_next=lambda: True)
+        steps += 1
+    transactions = count[0] - recorded[0]
+    assert steps == 8 and run.wait(timeout=5) == sum(i * i for i in range(8))
+    # The first step reads its run and takes its lease (2); every step then commits,
+    # replays and takes the next one in one transaction. Without the unit it was 4 per step.
+    assert transactions <= steps + 2, f"{transactions} transactions for {steps} steps"
+    assert inline.sent == [], "a sequential run needs no message after the first"
+
+
+def test_new_steps_are_sent_only_after_they_are_committed(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """A message for a step the store does not have yet is dropped by its worker (the
+    sweeper would send it again, late): a fan-out's messages must follow the commit."""
+    # A plain engine: fleet's own would BEGIN IMMEDIATE on SQLite and wait for the unit.
+    onlooker = create_engine(backend.database_url)
+    unseen: list[list[str]] = []
+    send = inline._send
+
+    def checking_send(task: str, args: list[str], queue: str, **kw: Any) -> bool:
+        if task == "fleet.execute":
+            with onlooker.connect() as conn:
+                rows = conn.execute(HISTORY, {"b_run": args[0]}).all()
+            if not any(r.step_id == args[1] for r in rows):
+                unseen.append(args)
+        return send(task, args, queue, **kw)
+
+    client.runtime.dispatcher._send = checking_send  # type: ignore[method-assign]
+    run = client.enqueue("fan", 4)
+    inline.drain()
+    assert run.wait(timeout=5)["n"] == 4
+    onlooker.dispose()
+    assert unseen == [], f"sent before their rows were committed: {unseen}"
+
+
+def test_a_replay_that_fails_inside_the_unit_still_records_the_step(
+    backend: Backend, client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unit rolls back whole, so the step's output is committed on its own and the
+    run goes on: the body never runs twice for a failure after it."""
+    ledger = client.runtime.ledger
+    record = ledger.record_steps
+    failures = [1]
+
+    def flaky_record(*args: Any, **kwargs: Any) -> None:
+        if failures[0] and client.runtime.db.in_unit:
+            failures[0] -= 1
+            raise StoreUnavailable("store hiccup while recording the next step")
+        record(*args, **kwargs)
+
+    monkeypatch.setattr(ledger, "record_steps", flaky_record)
+    run = client.enqueue("chain", 3)
+    inline.drain()
+    assert failures == [0], "the failure was injected"
+    assert run.wait(timeout=5) == 0 + 1 + 4
+    assert starts(backend, run.id) == {"work#1": 1, "work#2": 1, "work#3": 1}
+
+
+def test_a_store_error_caught_inside_a_unit_still_rolls_it_back(backend: Backend) -> None:
+    from sqlalchemy import text
+
+    db = Database(backend.database_url)
+    table = f"unit_probe_{backend.kind}"
+    with db.begin() as conn:
+        conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+        conn.execute(text(f"CREATE TABLE {table} (n INTEGER)"))
+    sent: list[str] = []
+    with pytest.raises(StoreUnavailable, match="in the unit failed"), db.unit():
+        with db.begin() as conn:
+            conn.execute(text(f"INSERT INTO {table} VALUES (1)"))
+        db.after_commit(lambda: sent.append("too early"))
+        try:
+            with db.begin() as conn:
+                conn.execute(text(f"INSERT INTO {table} VALUES ('x', 'too many')"))
+        except Exception:
+            pass  # a caller that swallows the error must not get a half commit
+    with db.begin() as conn:
+        assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
+    assert sent == [], "work after a commit never runs for a rollback"
+
+    seen: list[int] = []
+    with db.unit():
+        with db.begin() as conn:
+            conn.execute(text(f"INSERT INTO {table} VALUES (2)"))
+        with db.begin() as conn:  # joins: sees the unit's own write
+            assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 1
+
+        def count_committed() -> None:
+            other = Database(backend.database_url)
+            with other.begin() as conn:
+                seen.append(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+            other.dispose()
+
+        db.after_commit(count_committed)
+        assert seen == []
+    assert seen == [1], "after_commit ran once the unit was visible to others"
+    with db.begin() as conn:
+        conn.execute(text(f"DROP TABLE {table}"))
+    db.dispose()
+
+
+def test_the_history_cache_serves_what_a_full_read_would(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    db = client.runtime.db
+    run = client.enqueue("fan", 3)
+    checked = 0
+    while inline.sent:
+        inline.step()
+        with db.begin() as conn:
+            cached = read_snapshot(conn, run.id, db.history)
+            full = conn.execute(HISTORY, {"b_run": run.id}).all()
+        assert cached is not None
+        assert [tuple(r) for r in cached.history] == [tuple(r) for r in full]
+        checked += 1
+    assert checked >= 4 and db.history.hits > 0, "later reads came partly from the cache"
+    assert run.wait(timeout=5)["n"] == 3
+
+
+def test_the_history_cache_is_bounded() -> None:
+    from collections import namedtuple
+
+    from fleet.store.history import HistoryCache
+
+    row = namedtuple("row", "seq status input output error")
+    cache = HistoryCache(max_runs=2, max_bytes=10_000)
+    for run in ("a", "b", "c"):
+        rows = [row(0, "done", "{}", "1", None), row(1, "pending", "{}", None, None)]
+        cache.extend(run, (), rows)
+    assert cache.prefix("a") == (), "the least recently used run was evicted"
+    assert [r.seq for r in cache.prefix("c")] == [0], "only the finished prefix is kept"
+    cache.extend("big", (), [row(0, "done", "{}", "x" * 20_000, None)])
+    assert cache.prefix("big") == () and cache.prefix("c") == ()
