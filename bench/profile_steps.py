@@ -3,12 +3,13 @@ driven in this process (``tests.harness.InlineBroker``: no broker, no Celery, no
 worker), on a fresh Postgres database.
 
 For every store method (``Ledger`` and ``Queries``) it counts calls, transactions,
-statements, pool checkouts (each one a ``pool_pre_ping`` round trip, itself a
-transaction on the server) and wall time, per step; it checks the transaction total
-against the database's own ``pg_stat_database`` counters; and it prints the cProfile
-functions that cost the most, by own time and by cumulative time.
+statements, pool checkouts (each pings the server, a transaction as Postgres counts
+it, only if its connection sat idle for a second or more) and wall time, per step; it
+checks the transaction total against the database's own ``pg_stat_database``
+counters; and it prints the cProfile functions that cost the most, by own time and
+by cumulative time.
 
-    .venv/bin/python -m bench.profile_steps [--steps 500] [--cprofile [--top 25]]
+    .venv/bin/python -m bench.profile_steps [--steps 500] [--messages] [--cprofile [--top 25]]
 
 Steps 1–N/2 are a warm-up; the counts are taken over the second half, where the
 replay is longer (a step's cost grows with the run's length: see bench/long_runs.py).
@@ -122,19 +123,31 @@ def _client(database_url: str) -> tuple[Fleet, list[tuple[str, list[str]]]]:
 
 
 def _deliver(
-    client: Fleet, sent: list[tuple[str, list[str]]], meter: Meter, executes: int | None = None
+    client: Fleet,
+    sent: list[tuple[str, list[str]]],
+    meter: Meter,
+    executes: int | None = None,
+    inline: bool = True,
 ) -> Counter[str]:
     """Deliver messages (all, or until ``executes`` steps have run), each under a meter
-    key of its own; count them by task."""
+    key of its own; count them by task, and the steps run as ``step``. With ``inline``,
+    a delivery runs the run's next steps itself, as a worker's task does (without its
+    step and time caps)."""
     tasks: Counter[str] = Counter()
-    while sent and (executes is None or tasks["fleet.execute"] < executes):
+    while sent and (executes is None or tasks["step"] < executes):
         task, args = sent.pop(0)
         tasks[task] += 1
         with meter.timed(f"task {task}"):
             if task == "fleet.advance":
                 advance(client.runtime, args[0])
-            else:
-                execute(client.runtime, args[0], args[1])
+                continue
+            following: Any = args[1]
+            while following is not None:
+                tasks["step"] += 1
+                more = inline and (executes is None or tasks["step"] < executes)
+                following = execute(
+                    client.runtime, args[0], following, keep_next=(lambda: True) if more else None
+                )
     return tasks
 
 
@@ -150,23 +163,26 @@ def _meter_heartbeat(meter: Meter) -> None:
 def _table(meter: Meter, steps: int, total: float) -> None:
     keys = sorted(meter.calls, key=lambda k: -meter.seconds[k])
     print(
-        f"  {'per step':<34} {'calls':>6} {'xacts':>6} {'writes':>6} {'stmts':>6} {'pings':>6}"
+        f"  {'per step':<34} {'calls':>6} {'xacts':>6} {'writes':>6} {'stmts':>6} {'checkouts':>9}"
         f" {'ms':>7}"
     )
     for key in keys:
         print(
             f"  {key:<34} {meter.calls[key] / steps:6.2f} {meter.xacts[key] / steps:6.2f} "
             f"{meter.writes[key] / steps:6.2f} "
-            f"{meter.statements[key] / steps:6.2f} {meter.checkouts[key] / steps:6.2f} "
+            f"{meter.statements[key] / steps:6.2f} {meter.checkouts[key] / steps:9.2f} "
             f"{1000 * meter.seconds[key] / steps:7.3f}"
         )
     xacts, pings = sum(meter.xacts.values()), sum(meter.checkouts.values())
     print(
         f"  {'total':<34} {'':6} {xacts / steps:6.2f} {sum(meter.writes.values()) / steps:6.2f} "
-        f"{sum(meter.statements.values()) / steps:6.2f} {pings / steps:6.2f} "
+        f"{sum(meter.statements.values()) / steps:6.2f} {pings / steps:9.2f} "
         f"{1000 * total / steps:7.3f}"
     )
-    print("  (task rows include the store methods below them; pings are pool_pre_ping)")
+    print(
+        "  (task rows include the store methods below them; a checkout pings the server "
+        "only after 1 s idle)"
+    )
 
 
 def _profile(prof: cProfile.Profile, top: int) -> None:
@@ -185,6 +201,11 @@ def main() -> None:
         "--cprofile", action="store_true", help="also run cProfile (slows the Python parts)"
     )
     parser.add_argument("--top", type=int, default=25, help="cProfile rows to print")
+    parser.add_argument(
+        "--messages",
+        action="store_true",
+        help="one step per delivered message (a worker with FLEET_INLINE_STEPS=1)",
+    )
     args = parser.parse_args()
     meter = Meter()
     with services("prof") as svc:
@@ -194,7 +215,8 @@ def main() -> None:
         meter.listen()
         _meter_heartbeat(meter)
         run = client.enqueue("seq", args.steps)
-        _deliver(client, sent, meter, executes=args.steps // 2)  # warm-up
+        inline = not args.messages
+        _deliver(client, sent, meter, executes=args.steps // 2, inline=inline)  # warm-up
         client.runtime.db.dispose()
         db = database_name(svc)
         pg_before = settled_pg_counters(db)
@@ -203,16 +225,17 @@ def main() -> None:
         t0 = time.perf_counter()
         if args.cprofile:
             prof.enable()
-        tasks = _deliver(client, sent, meter)
+        tasks = _deliver(client, sent, meter, inline=inline)
         prof.disable()
         total = time.perf_counter() - t0
         assert run.status() == "succeeded", run.status()
         client.runtime.db.dispose()
         pg_used = delta(settled_pg_counters(db), pg_before)
-    measured = tasks["fleet.execute"]
+    measured = tasks.pop("step")
     print(
         f"profile: steps {args.steps - measured + 1}-{args.steps} of one seq({args.steps}) run, "
-        f"in process on Postgres: {1000 * total / measured:.2f} ms/step "
+        f"in process on Postgres, {'one step per message' if args.messages else 'inline'}: "
+        f"{1000 * total / measured:.2f} ms/step "
         f"({measured / total:.0f} steps/s without broker or Celery)"
     )
     print(f"  messages sent per step: { {k: round(v / measured, 3) for k, v in tasks.items()} }")
