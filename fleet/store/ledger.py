@@ -551,9 +551,12 @@ class Ledger:
                     _settle_intents(conn, run_id, step_id, IntentOutcome.DONE, epoch=epoch)
                 if earlier_intents is not None:
                     _settle_intents(conn, run_id, step_id, earlier_intents, before=epoch)
-                _wake(conn, run_id, self.grace)
                 if snapshot:
-                    return Committed(True, read_snapshot(conn, run_id, self.db.history))
+                    # The wake-up returns the run row the replay needs: one read fewer.
+                    run = conn.execute(hot.WAKE_RETURNING, {"b_run": run_id, "b_grace": self.grace})
+                    snap = read_snapshot(conn, run_id, self.db.history, run=run.first())
+                    return Committed(True, snap)
+                _wake(conn, run_id, self.grace)
             else:
                 self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
             return Committed(applied)

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection, Row
 from fleet.store.engine import Database, db_now
 from fleet.store.history import HistoryCache
 from fleet.store.schema import attempts, blobs, dead_letters, incidents, intents, runs, steps
-from fleet.store.statements import HISTORY, HISTORY_AFTER, RUN_ROW
+from fleet.store.statements import HISTORY, HISTORY_AFTER, RUN_ROW, STEP_ROW
 
 
 def run_query(run_id: str) -> Any:
@@ -35,10 +35,14 @@ class Snapshot(NamedTuple):
     history: Sequence[Row[Any]]
 
 
-def read_snapshot(conn: Connection, run_id: str, cache: HistoryCache) -> Snapshot | None:
+def read_snapshot(
+    conn: Connection, run_id: str, cache: HistoryCache, run: Row[Any] | None = None
+) -> Snapshot | None:
     """The run and its history, inside the caller's transaction: the finished rows this
-    process read before from ``cache``, the rest from the store."""
-    run = conn.execute(RUN_ROW, {"b_run": run_id}).first()
+    process read before from ``cache``, the rest from the store. ``run``: its row, if
+    the caller has just read it in this transaction."""
+    if run is None:
+        run = conn.execute(RUN_ROW, {"b_run": run_id}).first()
     if run is None:
         return None
     prefix = cache.prefix(run_id)
@@ -60,9 +64,10 @@ class Queries:
 
     def run_and_step(self, run_id: str, step_id: str) -> tuple[Row[Any] | None, Row[Any] | None]:
         """The run and one of its steps, in one transaction."""
+        params = {"b_run": run_id, "b_step": step_id}
         with self.db.begin() as conn:
-            run = conn.execute(run_query(run_id)).first()
-            step = conn.execute(step_query(run_id, step_id)).first() if run else None
+            run = conn.execute(RUN_ROW, params).first()
+            step = conn.execute(STEP_ROW, params).first() if run else None
             return run, step
 
     def snapshot(self, run_id: str) -> Snapshot | None:

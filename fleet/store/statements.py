@@ -103,6 +103,7 @@ def _now() -> Any:
 # --- reads ----------------------------------------------------------------------
 
 RUN_ROW = select(runs).where(runs.c.id == RUN)
+STEP_ROW = select(steps).where(step_is(RUN, STEP))
 HISTORY = select(steps).where(steps.c.run_id == RUN).order_by(steps.c.seq)
 # The history after the rows a process has cached (see fleet/store/history.py).
 HISTORY_AFTER = HISTORY.where(steps.c.seq > SEQ)
@@ -193,6 +194,9 @@ WAKE = (
         dispatches=0,
     )
 )
+
+# The same, handing back the updated run row (for a replay in the same transaction).
+WAKE_RETURNING = WAKE.returning(*runs.c)
 
 MARK_ADVANCED = (
     update(runs).where(runs.c.id == RUN, runs.c.advanced_seq < SEQ).values(advanced_seq=SEQ)
