@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 import traceback
@@ -89,16 +90,19 @@ class StepContext:
 
 
 class Heartbeat:
-    """Renews a lease from a background thread every third of the lease."""
+    """Keeps one attempt's lease: the process's beater thread renews it every third of
+    the lease while the attempt runs (one thread for all of them, not one per attempt)."""
 
     def __init__(self, rt: Runtime, lease: Lease) -> None:
         self._rt = rt
         self._lease = lease
-        self._stop = threading.Event()
         self.lost = threading.Event()
-        self._thread = threading.Thread(
-            target=self._loop, name=f"heartbeat-{lease.step_id}", daemon=True
-        )
+        self.interval = rt.settings.lease_seconds / 3
+        self.due = 0.0  # monotonic time of the next renewal
+        # Held while renewing: leaving the attempt waits for a renewal in flight, so
+        # none is written after the attempt's own commit.
+        self._lock = threading.Lock()
+        self._held = False
 
     def beat(self) -> bool:
         if self.lost.is_set():
@@ -123,45 +127,92 @@ class Heartbeat:
             )
         return ok
 
-    def _loop(self) -> None:
-        interval = self._rt.settings.lease_seconds / 3
-        while not self._stop.wait(interval):
-            if not self.beat():
-                return
+    def renew_if_held(self) -> None:
+        """The beater's renewal: skipped once the attempt has left."""
+        with self._lock:
+            if self._held and not self.beat():
+                _BEATER.remove(self)
 
     def __enter__(self) -> Heartbeat:
-        with _ACTIVE_LOCK:
-            _ACTIVE[id(self)] = self
-        self._thread.start()
+        self._held = True
+        _BEATER.add(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        with _ACTIVE_LOCK:
-            _ACTIVE.pop(id(self), None)
-        self._stop.set()
-        self._thread.join(timeout=5)
+        _BEATER.remove(self)
+        with self._lock:
+            self._held = False
 
     def release(self) -> bool:
         """Give the lease up now (shutdown): stop renewing it and let it expire in the
         store, so another worker takes the step at once instead of after the lease."""
         self.lost.set()
-        self._stop.set()
+        _BEATER.remove(self)
+        with self._lock:  # a renewal in flight lands before the release, not after
+            pass
         return self._rt.ledger.release_lease(
             self._lease.run_id, self._lease.step_id, self._lease.epoch
         )
 
 
-# Attempts running in this process, for release_leases at shutdown.
-_ACTIVE: dict[int, Heartbeat] = {}
-_ACTIVE_LOCK = threading.Lock()
+class _Beater:
+    """One thread per process renews every lease its attempts hold, each when due;
+    it is started on first use, and again in a forked child (threads do not survive
+    fork). The attempts it holds are also what ``release_leases`` gives up."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._held: dict[int, Heartbeat] = {}
+        self._pid = 0
+
+    def add(self, hb: Heartbeat) -> None:
+        with self._cond:
+            if self._pid != os.getpid():  # first use, or a forked child: a thread of its own
+                self._pid = os.getpid()
+                self._held.clear()
+                threading.Thread(target=self._loop, name="fleet-heartbeat", daemon=True).start()
+            hb.due = time.monotonic() + hb.interval
+            self._held[id(hb)] = hb
+            self._cond.notify()
+
+    def remove(self, hb: Heartbeat) -> None:
+        with self._cond:
+            self._held.pop(id(hb), None)
+
+    def held(self) -> list[Heartbeat]:
+        with self._cond:
+            return list(self._held.values())
+
+    def _due(self) -> list[Heartbeat]:
+        """Wait until some lease is due for renewal; those that are, rescheduled."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                due = [hb for hb in self._held.values() if hb.due <= now]
+                if due:
+                    for hb in due:
+                        hb.due = now + hb.interval
+                    return due
+                soonest = min((hb.due for hb in self._held.values()), default=now + 60.0)
+                self._cond.wait(soonest - now)
+
+    def _loop(self) -> None:
+        while True:
+            for hb in self._due():
+                try:
+                    hb.renew_if_held()
+                except Exception:  # never let one renewal stop the others
+                    log.exception("renewing the lease of %s failed", hb._lease.step_id)
+
+
+_BEATER = _Beater()
 
 
 def release_leases(rt: Runtime) -> int:
     """Release the leases of this process's running attempts (of ``rt``) and send their
     steps straight back to the queue. Their own commits, if they still come, are
     accepted only if nobody took over meanwhile (the epoch decides)."""
-    with _ACTIVE_LOCK:
-        mine = [hb for hb in _ACTIVE.values() if hb._rt is rt]
+    mine = [hb for hb in _BEATER.held() if hb._rt is rt]
     released = 0
     for hb in mine:
         lease = hb._lease

@@ -134,3 +134,20 @@ def test_same_run_id_twice_is_one_run(backend: Backend, client: Fleet, cluster: 
     assert first.wait(timeout=60) == 5
     assert len(client.runtime.queries.runs()) == 1
     assert starts(backend, "order-42") == {"work#1": 1, "work#2": 1, "work#3": 1}
+
+
+def test_a_step_longer_than_its_lease_keeps_it_by_heartbeat(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    """Invariant 3: a live step's lease is renewed while it runs, by the worker's
+    heartbeat, without the step calling anything; nobody takes it over."""
+    cluster.worker("w1", concurrency=2)
+    cluster.worker("w2", concurrency=2)
+    cluster.sweeper()
+    hold = 3 * backend.lease_seconds
+    run = client.enqueue("chain", 2, 0.0, 0, hold)
+    assert run.wait(timeout=60) == 0 + 1
+    assert starts(backend, run.id) == {"work#1": 1, "work#2": 1}
+    assert client.runtime.queries.incident_counts(run.id).get("takeover") is None
+    beats = [a for a in client.runtime.queries.attempts(run.id) if a.step_id == "work#1"]
+    assert [(a.epoch, a.outcome) for a in beats] == [(1, "done")]
