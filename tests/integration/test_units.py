@@ -187,3 +187,37 @@ def test_the_history_cache_is_bounded() -> None:
     assert [r.seq for r in cache.prefix("c")] == [0], "only the finished prefix is kept"
     cache.extend("big", (), [row(0, "done", "{}", "x" * 20_000, None)])
     assert cache.prefix("big") == () and cache.prefix("c") == ()
+
+
+def test_a_commit_whose_outcome_is_unknown_is_not_made_again(
+    client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A COMMIT that failed may have applied: committing the step again could record it
+    twice or count its own success as a fenced zombie. The attempt stops; the lease
+    decides (an expired lease lets the step run again)."""
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.exc import OperationalError
+
+    from fleet.store.engine import CommitUnknown
+
+    run = client.enqueue("chain", 2)
+    inline.drain(until=lambda: any(task == "fleet.execute" for task, _ in inline.sent))
+    (message,) = [args for task, args in inline.sent if task == "fleet.execute"]
+    inline.sent.clear()
+    commit = Connection.commit
+    replies = {"lost": 1}
+
+    def lost_reply(conn: Connection) -> None:
+        commit(conn)  # it applies...
+        if replies["lost"]:
+            replies["lost"] -= 1  # ...but the first reply never comes
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(Connection, "commit", lost_reply)
+    with pytest.raises(CommitUnknown):
+        execute(client.runtime, run.id, message[1], keep_next=lambda: True)
+    monkeypatch.setattr(Connection, "commit", commit)
+    step = client.runtime.queries.step(run.id, "work#1")
+    assert step is not None and step.status == "done", "the commit did apply"
+    assert client.runtime.queries.incident_counts(run.id).get("fenced_write") is None
+    assert [a.outcome for a in client.runtime.queries.attempts(run.id)] == ["done", "running"]
