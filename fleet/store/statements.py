@@ -1,7 +1,7 @@
 """The predicates every conditional write is built from, and the statements of a
 step's hot path built once.
 
-A step's transaction runs about ten statements. Building each from the column
+A step's transaction runs eight statements. Building each from the column
 objects on every call costs SQLAlchemy more Python time than the database spends
 on it; the prebuilt ones below take their values as bound parameters (``b_*``,
 never a column's name, which SQLAlchemy reserves for SET values) and reuse one
