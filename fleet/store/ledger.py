@@ -388,46 +388,29 @@ class Ledger:
         Step ids and positions are deterministic, so both replays insert the same rows.
         With ``advanced_seq``, this is the replay's last write: ``mark_advanced`` is done
         in the same transaction."""
+        rows = [
+            {
+                "b_run": run_id,
+                "b_step": s.step_id,
+                "b_seq": s.seq,
+                "b_name": s.name,
+                "b_kind": s.kind,
+                "b_input": s.input,
+                "b_status": StepStatus.DONE if s.kind == StepKind.VALUE else StepStatus.PENDING,
+                "b_output": s.output,
+                "b_max_attempts": s.max_attempts,
+                "b_redispatch_in": self.grace if s.kind == StepKind.TASK else None,
+                "b_due_in": s.delay,
+                "b_finished_in": 0.0 if s.kind == StepKind.VALUE else None,
+            }
+            for s in new
+        ]
         with self.db.begin() as conn:
-            if len(new) == 1 and new[0].kind == StepKind.TASK and new[0].delay is None:
-                # A sequential run's next step: the hot path, one prebuilt statement.
-                (s,) = new
-                params = {
-                    "b_run": run_id,
-                    "b_step": s.step_id,
-                    "b_seq": s.seq,
-                    "b_name": s.name,
-                    "b_input": s.input,
-                    "b_max_attempts": s.max_attempts,
-                    "b_grace": self.grace,
-                }
-                conn.execute(hot.RECORD_TASK[conn.dialect.name], params)
-            else:
-                _insert_ignore(conn, steps, [self._step_row(run_id, s) for s in new])
+            if rows:
+                # One prebuilt statement; several rows (a fan-out) go as one executemany.
+                conn.execute(hot.RECORD_STEP[conn.dialect.name], rows)
             if advanced_seq is not None:
                 _mark_advanced(conn, run_id, advanced_seq)
-
-    def _step_row(self, run_id: str, s: NewStep) -> dict[str, Any]:
-        now = db_now()
-        return {
-            "run_id": run_id,
-            "step_id": s.step_id,
-            "seq": s.seq,
-            "name": s.name,
-            "kind": s.kind,
-            "input": s.input,
-            "status": StepStatus.DONE if s.kind == StepKind.VALUE else StepStatus.PENDING,
-            "output": s.output,
-            "attempts": 0,
-            "max_attempts": s.max_attempts,
-            "epoch": 0,
-            "dispatches": 0,
-            "created_at": now,
-            # The advance sends the wake-up itself; the sweeper steps in after grace.
-            "redispatch_at": now + self.grace if s.kind == StepKind.TASK else None,
-            "due_at": now + s.delay if s.delay is not None else None,
-            "finished_at": now if s.kind == StepKind.VALUE else None,
-        }
 
     # --- steps: one attempt ---------------------------------------------------
 

@@ -206,9 +206,12 @@ MARK_ADVANCED = (
 # --- steps recorded by a replay -------------------------------------------------
 
 
-def _record_task(dialect: Any) -> Any:
-    """One new task step (a sequential run's next step), a no-op if a concurrent
-    replay inserted it first."""
+def _record_step(dialect: Any) -> Any:
+    """A step a replay reached, a no-op if a concurrent replay inserted it first. Its
+    times are offsets from the database's clock, NULL for none (``now + NULL`` is NULL):
+    ``b_redispatch_in`` (a task: the advance sends the wake-up itself, the sweeper
+    steps in after grace), ``b_due_in`` (a timed wait) and ``b_finished_in`` (a value,
+    recorded done)."""
     return (
         dialect.insert(steps)
         .values(
@@ -216,22 +219,21 @@ def _record_task(dialect: Any) -> Any:
             step_id=STEP,
             seq=SEQ,
             name=bindparam("b_name", type_=String),
-            kind=StepKind.TASK,
+            kind=bindparam("b_kind", type_=String),
             input=bindparam("b_input", type_=String),
-            status=StepStatus.PENDING,
-            output=None,
+            status=bindparam("b_status", type_=String),
+            output=OUTPUT,
             attempts=0,
             max_attempts=bindparam("b_max_attempts", type_=Integer),
             epoch=0,
             dispatches=0,
             created_at=_now(),
-            # The advance sends the wake-up itself; the sweeper steps in after grace.
-            redispatch_at=_now() + GRACE,
-            due_at=None,
-            finished_at=None,
+            redispatch_at=_now() + bindparam("b_redispatch_in", type_=Float),
+            due_at=_now() + bindparam("b_due_in", type_=Float),
+            finished_at=_now() + bindparam("b_finished_in", type_=Float),
         )
         .on_conflict_do_nothing()
     )
 
 
-RECORD_TASK = {"postgresql": _record_task(postgresql), "sqlite": _record_task(sqlite)}
+RECORD_STEP = {"postgresql": _record_step(postgresql), "sqlite": _record_step(sqlite)}
