@@ -152,7 +152,7 @@ def _deliver(
 
 
 def _meter_heartbeat(meter: Meter) -> None:
-    """Heartbeat threads start and stop once per attempt: time that too."""
+    """An attempt registers its heartbeat and leaves it once per attempt: time that too."""
     from fleet import attempt
 
     for name in ("__enter__", "__exit__"):

@@ -35,9 +35,9 @@ class Payloads:
     def load(self, text: str | None) -> Any:
         if text is None:
             return None
-        if len(text) <= _SCALAR_TEXT and text[0] not in "{[" and not text.startswith(BLOB):
-            return _scalar(text)
         if not text.startswith(BLOB):
+            if len(text) <= _SCALAR_TEXT and text[:1] not in ("{", "["):
+                return _scalar(text)
             return codec.decode(text)
         digest = text[len(BLOB) :]
         body = self.queries.blob(digest)

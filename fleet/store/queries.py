@@ -15,19 +15,6 @@ from fleet.store.schema import attempts, blobs, dead_letters, incidents, intents
 from fleet.store.statements import HISTORY, HISTORY_AFTER, RUN_ROW, STEP_ROW
 
 
-def run_query(run_id: str) -> Any:
-    return select(runs).where(runs.c.id == run_id)
-
-
-def history_query(run_id: str) -> Any:
-    """A run's recorded steps in replay order."""
-    return select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq)
-
-
-def step_query(run_id: str, step_id: str) -> Any:
-    return select(steps).where(steps.c.run_id == run_id, steps.c.step_id == step_id)
-
-
 class Snapshot(NamedTuple):
     """A run row and its history, read in one transaction: what a replay needs."""
 
@@ -60,7 +47,7 @@ class Queries:
 
     def run(self, run_id: str) -> Row[Any] | None:
         with self.db.begin() as conn:
-            return conn.execute(run_query(run_id)).first()
+            return conn.execute(RUN_ROW, {"b_run": run_id}).first()
 
     def run_and_step(self, run_id: str, step_id: str) -> tuple[Row[Any] | None, Row[Any] | None]:
         """The run and one of its steps, in one transaction."""
@@ -83,7 +70,7 @@ class Queries:
 
     def steps(self, run_id: str) -> Sequence[Row[Any]]:
         with self.db.begin() as conn:
-            return conn.execute(history_query(run_id)).all()
+            return conn.execute(HISTORY, {"b_run": run_id}).all()
 
     def progress(self, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Per run: (task steps finished, task steps recorded)."""
@@ -98,7 +85,7 @@ class Queries:
 
     def step(self, run_id: str, step_id: str) -> Row[Any] | None:
         with self.db.begin() as conn:
-            return conn.execute(step_query(run_id, step_id)).first()
+            return conn.execute(STEP_ROW, {"b_run": run_id, "b_step": step_id}).first()
 
     def attempts(self, run_id: str) -> Sequence[Row[Any]]:
         with self.db.begin() as conn:
