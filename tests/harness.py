@@ -22,7 +22,9 @@ from fleet.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv,
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 9
+# TEST_REDIS_DB lets two checkouts run the suite at once without flushing each other.
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+REDIS_DB = int(os.environ.get("TEST_REDIS_DB", "9"))
 APP = "tests.flows"
 T = TypeVar("T")
 
