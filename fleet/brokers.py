@@ -1,44 +1,150 @@
 """kombu transports hardened against poison messages, registered under their own
 URL schemes: ``fleetfs://`` (the embedded default) and ``fleetredis://`` (what a
-``redis://`` broker URL becomes). kombu's own crash the whole worker ("Unrecoverable
-error: JSONDecodeError") on one message that is not JSON; these drop it with an error
-line naming it, and the sweeper re-derives from the store whatever it carried.
+``redis://`` broker URL becomes).
+
+The rule: a worker survives any bytes on its queues. kombu's own transports, and
+Celery behind them, end the whole worker ("Unrecoverable error") on one message that
+is not JSON, not base64, or not ``[args, kwargs, embed]``, and the message goes back
+to the queue for the next worker to die on. Here every message a consumer receives
+passes ``fleet.envelope``'s check before kombu or Celery touch it; one that fails is
+never delivered (so never redelivered), is set aside once in the store's dead-message
+list (``SINK_OPTION`` in the transport options: ``Ledger.set_aside_message``) and is
+logged in one clipped line. The sweeper re-derives from the store whatever it carried.
 
 The filesystem transport also had a race: kombu's own writes a message by creating
 its file in the queue folder and then filling it, and reads by moving any file it
-finds there, so a reader that comes between the two moves an empty file and the worker
-dies on ``JSONDecodeError`` (seen in the demo, where a worker is SIGKILLed while others
-publish). Here a message is written to a side folder and renamed into the queue
-(atomic on one filesystem); a file that still cannot be read is set aside in
-``malformed/``.
+finds there, so a reader that comes between the two moves an empty file. Here a
+message is written to a side folder and renamed into the queue (atomic on one
+filesystem). Its folders are created owner-only, and created again if someone deletes
+them under a running worker.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from queue import Empty
 from time import monotonic
 from typing import Any
 
 from kombu.transport import TRANSPORT_ALIASES, filesystem, redis
-from kombu.utils.json import dumps, loads
+from kombu.utils.json import dumps
+
+from fleet import envelope
+from fleet.envelope import one_line
 
 log = logging.getLogger("fleet.broker")
 
 FS_ALIAS = "fleetfs"
 REDIS_ALIAS = "fleetredis"
 
+# A file in the queue folder larger than this is not a message fleet sent.
+MAX_FILE_BYTES = 16 * 1024 * 1024
 
-class FilesystemChannel(filesystem.Channel):
+
+def create_private_folders(*folders: Path) -> None:
+    """Create each folder, and any missing parent, readable by its owner only."""
+    for folder in folders:
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
+        for path in reversed(missing):
+            path.mkdir(mode=0o700, exist_ok=True)
+
+
+class GuardedChannel:
+    """Mixed into both channels: every message a consumer receives is checked first."""
+
+    connection: Any
+    qos: Any
+
+    def basic_consume(
+        self, queue: Any, no_ack: Any, callback: Any, consumer_tag: Any, **kwargs: Any
+    ) -> Any:
+        result = super().basic_consume(  # type: ignore[misc]
+            queue, no_ack, callback, consumer_tag, **kwargs
+        )
+        # kombu's callback for this queue builds the message (decoding its body) and
+        # hands it to Celery: both steps that die on a bad message.
+        deliver = self.connection._callbacks[queue]
+        self.connection._callbacks[queue] = self._guard(str(queue), deliver)
+        return result
+
+    def _guard(self, queue: str, deliver: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        # kombu counts KeyError among Redis's connection errors; here it would be the
+        # message's fault, and re-raising it would have the message restored and redelivered.
+        passthrough = tuple(e for e in self.connection.connection_errors if e is not KeyError)
+
+        def guarded(raw: Any) -> Any:
+            try:
+                envelope.check(queue, raw)
+            except Exception as exc:  # noqa: BLE001 - Malformed, or a value it did not foresee
+                reason = str(exc) if isinstance(exc, envelope.Malformed) else repr(exc)
+                return self.set_aside(queue, reason, raw)
+            try:
+                return deliver(raw)
+            except passthrough:
+                raise  # the broker's trouble, not the message's: Celery reconnects
+            except Exception as exc:  # noqa: BLE001 - one message must not end the worker
+                self._ack_if_held(raw)
+                return self.set_aside(queue, f"Celery could not take it: {exc!r}", raw)
+
+        return guarded
+
+    def _ack_if_held(self, raw: Any) -> None:
+        tag = raw["properties"]["delivery_tag"]  # checked by envelope.check
+        if tag in self.qos._delivered:
+            self.basic_ack(tag)  # type: ignore[attr-defined]
+
+    def set_aside(self, queue: str, reason: str, raw: Any) -> None:
+        """Keep the message in the store's dead-message list and log one line; if the
+        store cannot take it, the line (with the body clipped) is all that is left."""
+        text = envelope.as_text(raw)
+        sink = self.connection.client.transport_options.get(envelope.SINK_OPTION)
+        if sink is None:
+            outcome = "dropped (no store to set it aside in)"
+        else:
+            try:
+                outcome = f"set aside as dead message {sink(queue, reason, text)}"
+            except Exception as exc:  # noqa: BLE001 - the store is down: drop, never crash
+                outcome = f"dropped (the store could not take it: {one_line(str(exc), 200)})"
+        log.error(
+            "bad message on queue %s %s: %s; message: %s",
+            one_line(queue, 200),
+            outcome,
+            one_line(reason, 300),
+            one_line(text, 200),
+        )
+
+
+class FilesystemChannel(GuardedChannel, filesystem.Channel):
+    def _folders(self) -> list[Path]:
+        folders = [Path(self.data_folder_in), Path(self.data_folder_out)]
+        folders += [Path(self.control_folder), Path(self.data_folder_out).parent / "staging"]
+        if self.store_processed:
+            folders.append(Path(self.processed_folder))
+        return folders
+
+    def _recreate(self) -> None:
+        """The broker folder was deleted under a running process: make it again."""
+        log.warning("broker folder %s is gone: creating it again", Path(self.data_folder_in))
+        create_private_folders(*self._folders())
+
     def _put(self, queue: Any, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        try:
+            self._write(queue, payload)
+        except FileNotFoundError:
+            self._recreate()
+            self._write(queue, payload)
+
+    def _write(self, queue: Any, payload: Any) -> None:
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
         staging = Path(self.data_folder_out).parent / "staging"
-        staging.mkdir(exist_ok=True)
+        staging.mkdir(mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=staging, suffix=".part")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -48,9 +154,33 @@ class FilesystemChannel(filesystem.Channel):
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def _size(self, queue: Any) -> int:
+        try:
+            return int(super()._size(queue))
+        except FileNotFoundError:
+            self._recreate()
+            return 0
+
+    def _purge(self, queue: Any) -> int:
+        try:
+            return int(super()._purge(queue))
+        except FileNotFoundError:
+            self._recreate()
+            return 0
+
+    def _queue_bind(self, exchange: Any, *meta: Any) -> None:
+        if not Path(self.control_folder).exists():
+            self._recreate()
+        super()._queue_bind(exchange, *meta)
+
     def _get(self, queue: Any, timeout: Any = None) -> Any:
         wanted = f"{queue}.msg"
-        for filename in sorted(os.listdir(self.data_folder_in)):
+        try:
+            names = sorted(os.listdir(self.data_folder_in))
+        except FileNotFoundError:
+            self._recreate()
+            raise Empty() from None
+        for filename in names:
             if filename.partition(".")[2] != wanted:
                 continue
             processed = self.processed_folder if self.store_processed else tempfile.gettempdir()
@@ -58,49 +188,70 @@ class FilesystemChannel(filesystem.Channel):
                 shutil.move(os.path.join(self.data_folder_in, filename), processed)
             except OSError:
                 continue  # another consumer took it first
-            path = os.path.join(processed, filename)
-            try:
-                with open(path, "rb") as f:
-                    payload = f.read()
-                message = loads(payload.decode())
-            except (OSError, ValueError) as exc:
-                self._set_aside(path, exc)
-                continue
-            if not self.store_processed:
-                os.remove(path)
-            return message
+            message = self._read(str(queue), os.path.join(processed, filename))
+            if message is not None:
+                return message
         raise Empty()
 
-    def _set_aside(self, path: str, exc: Exception) -> None:
-        bad = Path(self.data_folder_in).parent / "malformed"
-        bad.mkdir(exist_ok=True)
-        log.error("malformed broker message %s set aside in %s: %s", path, bad, exc)
+    def _read(self, queue: str, path: str) -> Any:
+        """The message in the file this consumer took; None if it was not one (set aside)."""
         try:
-            shutil.move(path, bad)
-        except OSError:
-            Path(path).unlink(missing_ok=True)
+            with open(path, "rb") as f:
+                payload = f.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            self.set_aside(queue, f"unreadable message file ({exc.strerror})", b"")
+            return None
+        finally:
+            if not self.store_processed:
+                Path(path).unlink(missing_ok=True)
+        if len(payload) > MAX_FILE_BYTES:
+            self.set_aside(queue, f"message file over {MAX_FILE_BYTES} bytes", payload)
+            return None
+        try:
+            # The standard decoder, not kombu's: kombu's turns {"__type__": …} objects
+            # into Python values, and raises more than ValueError on bad ones.
+            return json.loads(payload.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:
+            self.set_aside(queue, f"not JSON ({one_line(str(exc), 100)})", payload)
+            return None
 
 
 class FilesystemTransport(filesystem.Transport):
     Channel = FilesystemChannel
 
 
-class RedisChannel(redis.Channel):
+class RedisChannel(GuardedChannel, redis.Channel):
     # The item is already popped when decoding fails inside kombu: catching the error
-    # here drops that one message; the loop goes on with the next.
+    # here sets that one message aside; the loop goes on with the next. kombu's
+    # decoder raises more than ValueError on a bad {"__type__": …} object.
     def _brpop_read(self, **options: Any) -> Any:
         try:
             return super()._brpop_read(**options)
-        except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError
-            log.error("malformed broker message dropped from Redis: %s", exc)
+        except (Empty, *self.connection_errors):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one message must not end the worker
+            # kombu's round-robin moved the queue it popped from to the end of its cycle.
+            items = getattr(self._queue_cycle, "items", None) or ["(unknown)"]
+            self._undecodable(str(items[-1]), exc)
             raise Empty() from None
 
     def _get(self, queue: Any, timeout: Any = None) -> Any:
         try:
             return super()._get(queue)
-        except ValueError as exc:
-            log.error("malformed broker message dropped from Redis queue %s: %s", queue, exc)
+        except (Empty, *self.connection_errors):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self._undecodable(str(queue), exc)
             raise Empty() from None
+
+    def _undecodable(self, queue: str, exc: Exception) -> None:
+        # json's error carries the text it could not read.
+        raw = getattr(exc, "doc", None)
+        self.set_aside(
+            queue,
+            f"not a message kombu can decode ({one_line(repr(exc), 120)})",
+            raw if isinstance(raw, str) else "",
+        )
 
 
 class RedisTransport(redis.Transport):

@@ -69,6 +69,11 @@ class FleetCollector(Collector):
             "Dead letters not replayed",
             value=f["dead_letters_outstanding"],
         )
+        yield GaugeMetricFamily(
+            "fleet_dead_messages",
+            "Broker messages workers refused and set aside, not yet purged",
+            value=self.fleet.runtime.queries.dead_message_count(),
+        )
 
         cumulative = [(str(b), n) for b, n in zip(BUCKETS, f["duration_buckets"], strict=True)]
         yield HistogramMetricFamily(

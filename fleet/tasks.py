@@ -12,6 +12,7 @@ from celery.signals import celeryd_after_setup, worker_shutting_down
 
 from fleet.attempt import release_leases, run_steps, stopping
 from fleet.dispatch import ADVANCE, EXECUTE
+from fleet.envelope import TASK_IDS, one_line
 from fleet.replay import advance
 from fleet.runtime import Runtime
 from fleet.states import Incident
@@ -19,8 +20,15 @@ from fleet.states import Incident
 log = logging.getLogger("fleet.tasks")
 
 
-def _ids(args: tuple[Any, ...], n: int) -> tuple[str, ...] | None:
-    if len(args) != n or not all(isinstance(a, str) and a for a in args):
+def _ids(args: tuple[Any, ...], task: str) -> tuple[str, ...] | None:
+    """The ids a task was sent, or None. The broker's channels have checked this before
+    Celery saw the message (fleet.envelope); a task called some other way is checked
+    here, by the same limits."""
+    limits = TASK_IDS[task]
+    if len(args) != len(limits) or not all(
+        isinstance(a, str) and 0 < len(a) <= limit and a.isprintable()
+        for a, limit in zip(args, limits, strict=True)
+    ):
         return None
     return tuple(args)
 
@@ -77,7 +85,7 @@ def register(celery: Celery, rt: Runtime) -> None:
     Fleet's store."""
 
     def malformed(task: str, args: tuple[Any, ...]) -> None:
-        detail = f"{task} with arguments {args!r:.200}"
+        detail = f"{task} with arguments {one_line(repr(args)[:1000], 200)}"
         log.error("malformed message dropped: %s", detail)
         rt.ledger.incident(Incident.MALFORMED_MESSAGE, None, detail=detail)
 
@@ -86,14 +94,14 @@ def register(celery: Celery, rt: Runtime) -> None:
 
     @celery.task(name=ADVANCE, ignore_result=True, shared=False)
     def advance_task(*args: Any) -> None:
-        ids = _ids(args, 1)
+        ids = _ids(args, ADVANCE)
         if ids is None:
             return malformed(ADVANCE, args)
         advance(rt, ids[0])
 
     @celery.task(name=EXECUTE, ignore_result=True, shared=False)
     def execute_task(*args: Any) -> None:
-        ids = _ids(args, 2)
+        ids = _ids(args, EXECUTE)
         if ids is None:
             return malformed(EXECUTE, args)
         run_steps(rt, ids[0], ids[1])
