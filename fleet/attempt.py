@@ -24,6 +24,7 @@ from fleet.records import DeadLetterInfo
 from fleet.registry import StepDef
 from fleet.replay import advance, pinned_workflow, step_shadow
 from fleet.runtime import Runtime
+from fleet.secrets import Redactor, redacting
 from fleet.states import Incident, IntentOutcome
 from fleet.store.engine import CommitUnknown
 from fleet.store.ledger import Committed, Lease, TakeRefused
@@ -224,7 +225,7 @@ def release_leases(rt: Runtime) -> int:
                     lease.run_id,
                     lease.step_id,
                     run.queue,
-                    shadow=step_shadow(run.workflow, lease.step_id),
+                    shadow=step_shadow(run.workflow, lease.name),
                 )
             log.warning(
                 "released the lease of step %s of run %s (epoch %d) at shutdown",
@@ -336,21 +337,30 @@ def _attempt(
 ) -> str | Taken | None:
     run_id, step_id = lease.run_id, lease.step_id
     earlier: IntentOutcome | None = None
-    with Heartbeat(rt, lease) as hb:
+    # Redacting: the secrets this attempt uses never show in what it records or logs.
+    with Heartbeat(rt, lease) as hb, redacting() as redact:
         ctx = StepContext(rt, lease, hb)
         what = f"output of step {step_id}"
+        failure: Exception | None = None
         try:
+            # Loaded first: an input that cannot be (PayloadError) is dead-lettered at
+            # once, before an effect writes its intent.
+            args, kwargs = rt.payloads.load_call(lease.input, f"input of step {step_id}")
+            redact.watch((args, kwargs))
             gate = _effect_gate(rt, sd, lease, ctx) if sd.effect else _Gate.RUN
             if gate is _Gate.STOP:
                 return None
             if isinstance(gate, _Reconciled):
                 encoded, earlier = rt.payloads.dump(gate.output, what), gate.settles
             else:
-                call = rt.payloads.load(lease.input)
-                output = sd.fn(ctx, *call["args"], **call["kwargs"])
+                output = sd.fn(ctx, *args, **kwargs)
                 encoded = rt.payloads.dump(output, what)
         except Exception as exc:
-            _failed(rt, run, sd, lease, exc)
+            failure = exc
+        if failure is not None:
+            # Outside the except clause: an error recording the failure must not carry
+            # the step's exception (and any secret it quotes) into Celery's log.
+            _failed(rt, run, sd, lease, failure, redact)
             return None
     keep = keep_next is not None and keep_next()
     try:
@@ -538,12 +548,17 @@ def _resend_when_due(rt: Runtime, run: Any, step_id: str) -> None:
             step_id,
             run.queue,
             countdown=remaining + 0.01,
-            shadow=step_shadow(run.workflow, step_id),
+            shadow=step_shadow(run.workflow, step.name),
         )
 
 
-def _failed(rt: Runtime, run: Any, sd: StepDef, lease: Lease, exc: Exception) -> None:
-    error = f"{type(exc).__name__}: {exc}"
+def _failed(
+    rt: Runtime, run: Any, sd: StepDef, lease: Lease, exc: Exception, redact: Redactor
+) -> None:
+    """Retry the step or dead-letter it. Every text recorded or logged is ``redact``-ed:
+    a step may quote a secret it used in its exception."""
+    message = redact(_message(exc))
+    error = f"{type(exc).__name__}: {message}"
     if isinstance(exc, LeaseLost):
         verdict, delay = Verdict.RETRY, 0.0  # the write below is fenced anyway
     else:
@@ -568,7 +583,7 @@ def _failed(rt: Runtime, run: Any, sd: StepDef, lease: Lease, exc: Exception) ->
                     lease.step_id,
                     run.queue,
                     countdown=delay,
-                    shadow=step_shadow(run.workflow, lease.step_id),
+                    shadow=step_shadow(run.workflow, lease.name),
                 )
         return
     _dead_letter(
@@ -577,10 +592,18 @@ def _failed(rt: Runtime, run: Any, sd: StepDef, lease: Lease, exc: Exception) ->
         lease.step_id,
         lease.epoch,
         type(exc).__name__,
-        str(exc),
-        "".join(traceback.format_exception(exc)),
+        message,
+        redact("".join(traceback.format_exception(exc))),
         verdict,
     )
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, even for an exception whose ``__str__`` itself raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<the {type(exc).__name__}'s message could not be read>"
 
 
 def _dead_letter(

@@ -1,4 +1,14 @@
-"""JSON in and out of the store: strict, bounded, never pickle."""
+"""JSON in and out of the store: strict, bounded, never pickle; user JSON round-trips
+exactly.
+
+The one object fleet reads specially is its secret marker ``{"$fleet_secret": name}``.
+So that user data can never be taken for one, every dict key of a recorded value that
+begins with ``$`` gets one more ``$`` on the way in (``"$x"`` is recorded as ``"$$x"``)
+and loses it on the way out. The only single-``$`` key fleet writes is the marker of a
+real ``Secret.env``; a single-``$`` key in a row written before this rule is read as it
+stands. Both directions take the plain, fast path unless the text holds ``"$``
+(``encode`` writes "$" as it is, never as ``\\u0024``, so no key can hide from that).
+"""
 
 from __future__ import annotations
 
@@ -16,15 +26,13 @@ def encode(value: Any, *, what: str, limit: int) -> str:
     A ``Secret`` is recorded by its name only, never its value.
     """
     try:
-        text = json.dumps(
-            value,
-            allow_nan=False,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            default=lambda v: secrets.to_json(v, what),
-        )
+        text = _dumps(value, what)
+        if _may_hold_dollar_key(text):  # or a secret was recorded: escape
+            text = _dumps(_escaped(value), what)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
+    except RecursionError:
+        raise PayloadError(f"{what} is nested too deeply to record") from None
     size = len(text.encode())
     if size > limit:
         raise PayloadError(f"{what} is {size} bytes, over the {limit}-byte payload limit")
@@ -32,8 +40,17 @@ def encode(value: Any, *, what: str, limit: int) -> str:
 
 
 def decode(text: str | None) -> Any:
-    """The value of a recorded JSON text; secrets come back as ``Secret.env(name)``."""
-    return None if text is None else json.loads(text, object_hook=secrets.from_json)
+    """The value of a recorded JSON text; secrets come back as ``Secret.env(name)``.
+    A text that cannot be loaded (not JSON, a marker with a bad name) raises
+    ``PayloadError``."""
+    if text is None:
+        return None
+    try:
+        if not _may_hold_dollar_key(text):
+            return json.loads(text)
+        return json.loads(text, object_hook=_unescaped)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise PayloadError(f"recorded value is not valid JSON: {exc}") from None
 
 
 def parse_json_arg(raw: str, *, what: str) -> Any:
@@ -44,3 +61,45 @@ def parse_json_arg(raw: str, *, what: str) -> Any:
         raise PayloadError(
             f"{what} is not JSON ({exc.msg} at column {exc.colno}): {raw!r}"
         ) from None
+
+
+def _may_hold_dollar_key(text: str) -> bool:
+    # A one-character search is a memchr, many times faster than the two-character
+    # one, and most texts hold no "$" at all.
+    return "$" in text and '"$' in text
+
+
+def _dumps(value: Any, what: str) -> str:
+    return json.dumps(
+        value,
+        allow_nan=False,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        default=lambda v: secrets.to_json(v, what),
+    )
+
+
+def _escaped(value: Any) -> Any:
+    """``value`` with one more "$" on each dict key that begins with "$". Secrets are
+    left in place: ``json.dumps`` writes their markers after this walk. (Plain loops,
+    one frame a level: as deep as ``json.dumps`` itself goes.)"""
+    if isinstance(value, dict):
+        copy = {}
+        for k, v in value.items():
+            copy["$" + k if isinstance(k, str) and k.startswith("$") else k] = _escaped(v)
+        return copy
+    if isinstance(value, (list, tuple)):
+        items = []
+        for v in value:
+            items.append(_escaped(v))
+        return items
+    return value
+
+
+def _unescaped(obj: dict[str, Any]) -> Any:
+    """One decoded JSON object: a marker becomes its Secret; "$$x" keys become "$x"."""
+    if len(obj) == 1 and secrets.MARKER in obj:
+        return secrets.from_json(obj)
+    if any(k.startswith("$$") for k in obj):
+        return {k[1:] if k.startswith("$$") else k: v for k, v in obj.items()}
+    return obj

@@ -1,6 +1,7 @@
 """Logging: human-readable by default, one JSON object per line with
 ``FLEET_LOG_FORMAT=json``. Engine lines carry the run id, step id, epoch and attempt
-they concern (set with ``log_context`` where a run or a lease is taken up)."""
+they concern (set with ``log_context`` where a run or a lease is taken up). Every line,
+whoever logs it, has the values of the secrets the current attempt used masked."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any
+
+from fleet.secrets import current_redactor
 
 FIELDS = ("run_id", "step_id", "epoch", "attempt")
 # Read-only mapping default: log_context always sets a new dict, never mutates one.
@@ -38,6 +41,33 @@ class _ContextFilter(logging.Filter):
         return True
 
 
+class _RedactFilter(logging.Filter):
+    """Masks the values of the secrets the running attempt or replay has used (see
+    ``fleet.secrets.redacting``) in the line and its traceback: fleet's own lines, and
+    those a step or Celery logs meanwhile."""
+
+    _formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        redact = current_redactor()
+        if redact is None or not redact.spellings():
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # bad arguments: the handler reports those itself
+            return True
+        masked = redact(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -51,7 +81,8 @@ class JsonFormatter(logging.Formatter):
             if hasattr(record, key):
                 entry[key] = getattr(record, key)
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            # exc_text if set: the traceback as _RedactFilter left it.
+            entry["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
 
 
@@ -77,6 +108,7 @@ def setup_logging(level: str = "INFO", fmt: str | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(_ContextFilter())
+    handler.addFilter(_RedactFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

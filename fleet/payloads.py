@@ -1,7 +1,12 @@
 """Recorded values: strict JSON inline up to ``max_payload_bytes``; larger ones stored
 once by content hash (``fleet_blobs``) and referenced as ``blob:<sha256>``, up to the
 hard ``max_blob_bytes``. A reference is not valid JSON, so it cannot be confused with
-a value."""
+a value.
+
+A recorded value that cannot be loaded (a corrupt row, a secret marker with a bad name,
+a missing blob) raises ``PayloadError``: a fact about the row, so the caller fails the
+run or dead-letters the step instead of trying again. Only ``StoreUnavailable`` (the
+store could not be read) is worth another try."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from typing import Any
 
 from fleet import codec
 from fleet.config import Settings
-from fleet.errors import FleetError
+from fleet.errors import PayloadError
 from fleet.store.ledger import Ledger
 from fleet.store.queries import Queries
 
@@ -42,8 +47,23 @@ class Payloads:
         digest = text[len(BLOB) :]
         body = self.queries.blob(digest)
         if body is None:
-            raise FleetError(f"stored value {text} is missing from fleet_blobs")
+            raise PayloadError(f"stored value {text} is missing from fleet_blobs")
         return codec.decode(body)
+
+    def load_call(self, text: str, what: str) -> tuple[list[Any], dict[str, Any]]:
+        """The recorded arguments of a workflow or step call (``{"args", "kwargs"}``);
+        ``PayloadError`` naming ``what`` if they cannot be loaded."""
+        try:
+            call = self.load(text)
+        except PayloadError as exc:
+            raise PayloadError(f"{what} cannot be loaded: {exc}") from None
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("args"), list)
+            or not isinstance(call.get("kwargs"), dict)
+        ):
+            raise PayloadError(f"{what} cannot be loaded: it is not an args and kwargs record")
+        return call["args"], call["kwargs"]
 
 
 # A replay decodes every recorded output again. Short scalars (null, numbers, true,

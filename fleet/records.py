@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleet.errors import PayloadError
+
 
 @dataclass(frozen=True)
 class StepInfo:
@@ -41,14 +43,20 @@ class DeadLetterInfo:
 
     @classmethod
     def from_row(cls, row: Any, load: Callable[[str], Any]) -> DeadLetterInfo:
-        """``load`` reads a recorded value (``Payloads.load``: inline or by reference)."""
+        """``load`` reads a recorded value (``Payloads.load``: inline or by reference).
+        An input that cannot be loaded (a corrupt row) is given as None: the letter is
+        still listed, shown and replayable, and its error says why when that was it."""
+        try:
+            input_ = load(row.input)
+        except PayloadError:
+            input_ = None
         return cls(
             id=row.id,
             run_id=row.run_id,
             step_id=row.step_id,
             workflow=row.workflow,
             step_name=row.name,
-            input=load(row.input),
+            input=input_,
             error_type=row.error_type,
             error_message=row.error_message,
             traceback=row.traceback,

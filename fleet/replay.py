@@ -21,10 +21,11 @@ from typing import Any
 from sqlalchemy.engine import Row
 
 from fleet import codec
-from fleet.errors import FleetError, NonDeterminism, PayloadError, StepFailed
+from fleet.errors import NonDeterminism, PayloadError, StepFailed, StoreUnavailable
 from fleet.logs import log_context
 from fleet.registry import StepDef, WorkflowDef, check_name
 from fleet.runtime import Runtime
+from fleet.secrets import Redactor, redacting
 from fleet.states import Incident, RunStatus, StepKind, StepStatus
 from fleet.store.ledger import NewStep
 from fleet.store.queries import Snapshot
@@ -49,9 +50,11 @@ def _seconds(value: timedelta | float | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
-def step_shadow(workflow: str, step_id: str) -> str:
-    """The name a step task shows in Flower and logs: ``research.answer#3``."""
-    return f"{workflow}.{step_id}"
+def step_shadow(workflow: str, name: str) -> str:
+    """The name a step task shows in Flower and logs: ``research.answer``, from the
+    step's registered name, never its id (ids hold positions, keys and tool-call ids:
+    one Flower series per id would grow without bound)."""
+    return f"{workflow}.{name}"
 
 
 class WorkflowContext:
@@ -68,6 +71,7 @@ class WorkflowContext:
         self._counts: dict[str, int] = {}
         self._seen: set[str] = set()
         self.to_dispatch: list[str] = []
+        self.step_names: dict[str, str] = {}  # step id → its step's name (the shadow)
         self.waiting = False  # the replay stopped at a wait_for or a sleep
         self._wake_seq: int = run.wake_seq
         self.marked = False  # the replay's last write also marked the run advanced
@@ -197,6 +201,7 @@ class WorkflowContext:
         )
         self.marked = last
         self.to_dispatch.extend(s.step_id for s in positioned if s.kind == StepKind.TASK)
+        self.step_names.update((s.step_id, s.name) for s in positioned)
 
     def _outcome(self, rec: Row[Any]) -> Any:
         status = rec.status  # compared as text: this runs once per step per replay
@@ -260,11 +265,14 @@ def advance(
     ``snapshot``: the run and its history, if the caller has just read them. ``keep``:
     if the replay records exactly one next step, do not send it; return its id for the
     caller to execute (the store has it, so the sweeper sends it if the caller dies)."""
-    with log_context(run_id=run_id):
-        return _advance(rt, run_id, snapshot or rt.queries.snapshot(run_id), keep)
+    # Redacting: a secret the workflow reveals never shows in the run's error or logs.
+    with log_context(run_id=run_id), redacting() as redact:
+        return _advance(rt, run_id, snapshot or rt.queries.snapshot(run_id), keep, redact)
 
 
-def _advance(rt: Runtime, run_id: str, snapshot: Snapshot | None, keep: bool) -> str | None:
+def _advance(
+    rt: Runtime, run_id: str, snapshot: Snapshot | None, keep: bool, redact: Redactor
+) -> str | None:
     if snapshot is None:
         rt.ledger.incident(
             Incident.MALFORMED_MESSAGE, None, detail=f"advance of unknown run {run_id!r}"
@@ -283,13 +291,15 @@ def _advance(rt: Runtime, run_id: str, snapshot: Snapshot | None, keep: bool) ->
     elif status == RunStatus.WAITING:
         rt.ledger.resume_run(run_id)
     ctx = WorkflowContext(rt, run, history)
-    call = rt.payloads.load(run.args)
     # A recorded task step always suspends the replay at once, so a kept step is
     # never left unsent on another path.
     kept: str | None = None
     try:
+        # Arguments that cannot be loaded fail the run (PayloadError), once.
+        args, kwargs = rt.payloads.load_call(run.args, f"arguments of run {run_id}")
+        redact.watch((args, kwargs))
         try:
-            result = wf.fn(ctx, *call["args"], **call["kwargs"])
+            result = wf.fn(ctx, *args, **kwargs)
         finally:
             # Dispatch what was recorded, whether the replay suspended or not.
             if keep and len(ctx.to_dispatch) == 1:
@@ -302,7 +312,7 @@ def _advance(rt: Runtime, run_id: str, snapshot: Snapshot | None, keep: bool) ->
                         run_id,
                         step_id,
                         run.queue,
-                        shadow=step_shadow(run.workflow, step_id),
+                        shadow=step_shadow(run.workflow, ctx.step_names[step_id]),
                     )
                 )
         if ctx._pos < len(ctx._history):
@@ -321,28 +331,22 @@ def _advance(rt: Runtime, run_id: str, snapshot: Snapshot | None, keep: bool) ->
     except NonDeterminism as exc:
         rt.ledger.incident(Incident.NONDETERMINISM, run_id, detail=str(exc))
         log.error("%s", exc)
-        _fail(rt, run_id, f"NonDeterminism: {exc}")
+        _fail(rt, run_id, redact(f"NonDeterminism: {exc}"))
     except StepFailed as exc:
-        _fail(rt, run_id, f"StepFailed: {exc}")
+        _fail(rt, run_id, redact(f"StepFailed: {exc}"))
     except PayloadError as exc:
-        _fail(rt, run_id, f"PayloadError: {exc}")
-    except FleetError:
-        raise  # the store is unreachable: the sweeper will advance the run again
+        _fail(rt, run_id, redact(f"PayloadError: {exc}"))
+    except StoreUnavailable:
+        raise  # the sweeper will advance the run again once the store answers
     except Exception as exc:
-        _fail(
-            rt,
-            run_id,
-            "".join(traceback.format_exception_only(exc)).strip(),
-            tb=traceback.format_exc(),
-        )
+        error = "".join(traceback.format_exception_only(exc)).strip()
+        _fail(rt, run_id, redact(f"{error}\n\n{traceback.format_exc()}"))
     else:
         rt.ledger.finish_run(run_id, RunStatus.SUCCEEDED, result=encoded)
     rt.ledger.mark_advanced(run_id, run.wake_seq)
     return None
 
 
-def _fail(rt: Runtime, run_id: str, error: str, tb: str | None = None) -> None:
-    log.info("run %s failed: %s", run_id, error)
-    rt.ledger.finish_run(
-        run_id, RunStatus.FAILED, error=error if tb is None else f"{error}\n\n{tb}"
-    )
+def _fail(rt: Runtime, run_id: str, error: str) -> None:
+    log.info("run %s failed: %s", run_id, error.partition("\n")[0])
+    rt.ledger.finish_run(run_id, RunStatus.FAILED, error=error)

@@ -394,3 +394,56 @@ def pool_probe(ctx: StepContext) -> dict[str, bool]:
 @fleet.workflow(version="1")
 def probe(wf: WorkflowContext) -> dict[str, bool]:
     return dict(wf.step(pool_probe))
+
+
+# --- hostile input and secrets (issue 13) -------------------------------------------------
+
+
+@fleet.step
+def echo(ctx: StepContext, value: Any, **extra: Any) -> dict[str, Any]:
+    """Hands back exactly what it was given."""
+    return {"value": value, "extra": extra}
+
+
+@fleet.workflow(version="1")
+def echo_back(wf: WorkflowContext, value: Any, **extra: Any) -> dict[str, Any]:
+    """What the workflow was given and what its step was given: both unchanged."""
+    return {"workflow": {"value": value, "extra": extra}, "step": wf.step(echo, value, **extra)}
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=2, initial_delay=0.1, jitter=False))
+def quote_secret(ctx: StepContext, key: Secret, how: str) -> None:
+    """Logs and fails quoting the secret's value: in the exception's message
+    ("message"), only in the exception it chains from and a note ("cause"), or read
+    from the environment without ``reveal`` ("environ")."""
+    import logging
+
+    log_event(ctx, "start")
+    value = os.environ[str(key.name)] if how == "environ" else key.reveal()
+    logging.getLogger("tests.flows").warning("calling the API with %s", value)
+    if how == "cause":
+        try:
+            raise PermissionError(f"key {value} was refused")
+        except PermissionError as exc:
+            failure = RuntimeError("the API call failed")
+            failure.add_note(f"tried {value}")
+            raise failure from exc
+    raise ValueError(f"the API refused key {value!r}")
+
+
+@fleet.workflow(version="1")
+def leaky_secret(wf: WorkflowContext, how: str) -> None:
+    """``quote_secret``; with how="workflow", the workflow itself quotes the value."""
+    key = Secret.env("FLEET_TEST_SECRET")
+    if how == "workflow":
+        raise ValueError(f"the workflow saw {key.reveal()}")
+    wf.step(quote_secret, key, how)
+
+
+@fleet.workflow(version="1")
+def misuses_fleet(wf: WorkflowContext, how: str) -> None:
+    """A workflow whose own code raises one of fleet's errors: a bug to fail the run
+    on, not a store outage to retry forever."""
+    if how == "unknown-step":
+        wf.step("no_such_step")
+    raise NonRetryable("the workflow gave up")

@@ -6,20 +6,11 @@ import pytest
 from sqlalchemy import select
 
 from fleet import Fleet, PayloadError, RunFailed, Secret
-from fleet.store.schema import blobs, metadata
-from tests.harness import Backend, Cluster
+from fleet.store.schema import blobs
+from tests.harness import Backend, Cluster, everything_in_the_store
 
 SECRET = "s3cr3t-value-that-must-not-leak"
 MIB = 1024 * 1024
-
-
-def _everything_in_the_store(client: Fleet) -> str:
-    with client.runtime.db.begin() as conn:
-        return "\n".join(
-            repr(tuple(row))
-            for table in metadata.sorted_tables
-            for row in conn.execute(select(table)).all()
-        )
 
 
 def test_a_large_output_round_trips_by_reference(
@@ -49,7 +40,7 @@ def test_a_secret_is_used_by_the_step_and_written_nowhere(
     leaky = client.enqueue("secretive", True)
     with pytest.raises(RunFailed, match="holds a Secret with a literal value"):
         leaky.wait(timeout=60)
-    assert SECRET not in _everything_in_the_store(client)
+    assert SECRET not in everything_in_the_store(client)
     assert SECRET not in worker.output(), "nor in the worker's logs"
     (letter,) = client.dead_letters(run_id=leaky.id)
     assert letter.error_type == "PayloadError" and letter.attempts == 1

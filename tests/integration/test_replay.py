@@ -78,3 +78,17 @@ def test_a_dead_step_can_be_caught_in_the_workflow(
     (letter,) = client.runtime.queries.dead_letters(run.id)
     assert (letter.step_id, letter.error_type, letter.attempts) == ("refuse#1", "NonRetryable", 1)
     assert starts(backend, run.id) == {"refuse#1": 1}, "non-retryable: one attempt"
+
+
+@pytest.mark.parametrize("how", ["unknown-step", "non-retryable"])
+def test_a_fleet_error_raised_by_workflow_code_fails_the_run_once(
+    client: Fleet, inline: InlineBroker, how: str
+) -> None:
+    """Only a store outage leaves a run for the sweeper to advance again; any other of
+    fleet's errors raised while replaying is the workflow's failure, recorded once."""
+    run = client.enqueue("misuses_fleet", how)
+    inline.drain()
+    with pytest.raises(RunFailed):
+        run.wait(timeout=5)
+    row = client.runtime.queries.run(run.id)
+    assert row.advanced_seq == row.wake_seq, "the sweeper would advance it again"
