@@ -3,8 +3,8 @@ command failed; 2 bad usage or bad input, with one line naming what was wrong.""
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -16,14 +16,24 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from fleet import codec
 from fleet.app import Fleet
+from fleet.cli_messages import messages_app
 from fleet.errors import BadInput, FleetError, StoreUnavailable
 from fleet.loader import load_fleet
 from fleet.logs import setup_logging
 from fleet.records import DeadLetterInfo
-from fleet.render import clip, dead_letter_view, dead_letters_table, run_view, runs_table
+from fleet.render import (
+    as_json,
+    clip,
+    dead_letter_view,
+    dead_letters_table,
+    one_line,
+    run_view,
+    runs_table,
+)
 from fleet.states import RunStatus
 from fleet.sweeper import run_sweeper
 
@@ -37,6 +47,7 @@ db_app = typer.Typer(help="The store's schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 dlq_app = typer.Typer(help="Dead-lettered steps: list, show, replay.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(messages_app, name="messages")
 
 # Piped output (scripts, CI logs) is not cut to 80 columns: ids must stay whole.
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
@@ -53,18 +64,51 @@ def _guard(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except (BadInput, StoreUnavailable) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        _error(exc)
         raise typer.Exit(2) from None
     except FleetError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        _error(exc)
         raise typer.Exit(1) from None
 
 
-def _fleet(target: str | None, *, schema: bool = True) -> Fleet:
+def _error(exc: Exception) -> None:
+    # The message may quote a run id or an error from the store: text, never markup.
+    err.print(Text.assemble(("error:", "red"), " ", one_line(exc)), soft_wrap=True)
+
+
+def say(*parts: str | tuple[str, str], to: Console = console) -> None:
+    """Print a message whose values are literal text (``(text, style)`` for a styled part)."""
+    to.print(
+        Text.assemble(
+            *(one_line(p) if isinstance(p, str) else (one_line(p[0]), p[1]) for p in parts)
+        ),
+        soft_wrap=True,
+    )
+
+
+def _fleet(target: str | None, *, schema: bool = True, create: bool = False) -> Fleet:
+    """The app's Fleet, its store checked. Only ``create`` (worker, sweeper) may create
+    the embedded store; every read and operator command finds it as it is."""
     fleet = load_fleet(target)
     if schema:
-        fleet.ensure_schema()
+        fleet.ensure_schema(create=create)
     return fleet
+
+
+def positive(value: float, option: str) -> float:
+    """A finite number above zero, or one line naming the option (NaN passes ``<= 0``)."""
+    if not math.isfinite(value) or value <= 0:
+        raise BadInput(f"{option} must be a positive number, got {value}")
+    return value
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL")
+
+
+def check_loglevel(loglevel: str) -> str:
+    if loglevel.upper() not in LOG_LEVELS:
+        raise BadInput(f"--loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}")
+    return loglevel
 
 
 def worker_queues(fleet: Fleet) -> list[str]:
@@ -100,8 +144,9 @@ def worker(
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
 ) -> None:
     """Start a Celery worker that advances runs and executes steps."""
-    fleet = _guard(lambda: _fleet(app_))
-    _guard(lambda: setup_logging(loglevel))
+    _guard(lambda: check_worker_options(concurrency, pool, loglevel))
+    fleet = _guard(lambda: _fleet(app_, create=True))
+    setup_logging(loglevel)
     argv = [
         "worker",
         f"--loglevel={loglevel}",
@@ -113,7 +158,32 @@ def worker(
     ]
     if fleet.settings.worker_name:
         argv.append(f"--hostname={fleet.settings.worker_name}@%h")
-    fleet.celery.worker_main(argv)
+    raise typer.Exit(run_celery(fleet, argv))
+
+
+def run_celery(fleet: Fleet, argv: list[str]) -> int:
+    """``celery ARGV`` on the fleet's app, and its exit code. Not ``worker_main`` (nor
+    ``Celery.start``), which drop it: a worker ended by an unrecoverable error must
+    exit non-zero so that its supervisor restarts it."""
+    from celery.bin.celery import celery as celery_command
+
+    celery_command.params[0].default = fleet.celery  # what Celery.start does
+    try:
+        code = celery_command.main(args=argv, standalone_mode=False)
+    finally:
+        celery_command.params[0].default = None
+    return code if isinstance(code, int) else 0
+
+
+def check_worker_options(concurrency: int, pool: str, loglevel: str) -> None:
+    from celery.concurrency import get_available_pool_names
+
+    if concurrency < 1:
+        raise BadInput(f"--concurrency must be at least 1, got {concurrency}")
+    pools = get_available_pool_names()
+    if pool not in pools:
+        raise BadInput(f"--pool {pool!r}: one of {', '.join(pools)}")
+    check_loglevel(loglevel)
 
 
 @app.command()
@@ -123,8 +193,12 @@ def sweeper(
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
 ) -> None:
     """Re-derive lost wake-ups, expired leases and due retries from the store."""
-    fleet = _guard(lambda: _fleet(app_))
-    _guard(lambda: setup_logging(loglevel))
+    if interval is not None:
+        _guard(lambda: positive(interval, "--interval"))
+    _guard(lambda: check_loglevel(loglevel))
+    # Long-running like a worker: it may create the embedded store.
+    fleet = _guard(lambda: _fleet(app_, create=True))
+    setup_logging(loglevel)
     if interval is not None:
         from dataclasses import replace
 
@@ -145,7 +219,8 @@ def enqueue(
     """Start a run; prints its id. The same --run-id twice is one run."""
 
     def body() -> str:
-        fleet = _fleet(app_)
+        # Fleet.enqueue checks (and may create) the store once the input is known good.
+        fleet = _fleet(app_, schema=False)
         values = [
             codec.parse_json_arg(a, what=f"argument {i}") for i, a in enumerate(args or [], 1)
         ]
@@ -165,6 +240,8 @@ def runs(
     def body() -> None:
         if status is not None and status not in {s.value for s in RunStatus}:
             raise BadInput(f"unknown status {status!r} (one of: {', '.join(RunStatus)})")
+        if limit < 1:
+            raise BadInput(f"--limit must be at least 1, got {limit}")
         q = _fleet(app_).runtime.queries
         rows = q.runs(status, limit)
         ids = [r.id for r in rows]
@@ -186,7 +263,7 @@ def status(
         steps, attempts = q.steps(run_id), q.attempts(run_id)
         if json_:
             print(
-                json.dumps(
+                as_json(
                     {
                         "id": run.id,
                         "workflow": run.workflow,
@@ -246,14 +323,15 @@ def follow(fleet: Fleet, run_id: str, timeout: float | None = None) -> int:
     q = fleet.runtime.queries
     deadline = None if timeout is None else time.monotonic() + timeout
     columns = (
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[state]}"),
+        TextColumn("{task.fields[state]}", markup=False),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task(run_id, total=None, state="")
+        # Both text columns are markup=False (see ``columns``): a run id is text.
+        bar = progress.add_task(one_line(run_id), total=None, state="")
         while True:
             run = fleet.run(run_id)._row()
             steps = [s for s in q.steps(run_id) if s.kind == "task"]
@@ -263,46 +341,63 @@ def follow(fleet: Fleet, run_id: str, timeout: float | None = None) -> int:
                 bar,
                 total=max(len(steps), 1),
                 completed=done,
-                state=f"{run.status} {' '.join(running)}".strip(),
+                state=one_line(f"{run.status} {' '.join(running)}".strip()),
             )
             if RunStatus(run.status).finished:
                 break
             if deadline is not None and time.monotonic() > deadline:
-                err.print(f"run {run_id} still {run.status} after {timeout}s")
+                say(f"run {run_id} still {run.status} after {timeout}s", to=err)
                 return 1
             time.sleep(0.2)
     if run.status == RunStatus.SUCCEEDED:
-        console.print(f"[green]succeeded[/green]: {clip(run.result or '', 500)}")
+        say(("succeeded", "green"), f": {clip(run.result or '', 500)}")
         return 0
-    console.print(
-        f"[red]{run.status}[/red]: {(run.error or '').splitlines()[0] if run.error else ''}"
-    )
+    say((run.status, "red"), f": {(run.error or '').splitlines()[0] if run.error else ''}")
     return 1
 
 
 @app.command()
 def metrics(
     port: Annotated[int, typer.Option(help="serve /metrics on this port")] = 9808,
-    address: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
+    address: Annotated[
+        str, typer.Option(help="listen address (0.0.0.0: every interface)")
+    ] = "127.0.0.1",
     app_: AppOpt = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
 ) -> None:
     """Serve the fleet's figures in Prometheus format, read from the store at scrape time."""
+    _guard(lambda: check_port(port))
+    _guard(lambda: check_loglevel(loglevel))
     fleet = _guard(lambda: _fleet(app_))
-    _guard(lambda: setup_logging(loglevel))
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    from fleet.metrics import FleetCollector
-
-    registry = CollectorRegistry()
-    registry.register(FleetCollector(fleet))
-    server, _thread = start_http_server(port, addr=address, registry=registry)
+    setup_logging(loglevel)
+    server = _guard(lambda: _serve_metrics(fleet, address, port))
     logging.getLogger("fleet.metrics").info("serving /metrics on %s:%d", address, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     server.shutdown()
+
+
+def check_port(port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise BadInput(f"--port must be 1-65535, got {port}")
+
+
+def _serve_metrics(fleet: Fleet, address: str, port: int) -> Any:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from fleet.metrics import FleetCollector
+
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(fleet))
+    try:
+        server, _thread = start_http_server(port, addr=address, registry=registry)
+    except OSError as exc:  # in use, not an address of this machine
+        raise BadInput(
+            f"cannot serve /metrics on {address}:{port}: {exc.strerror or exc}"
+        ) from None
+    return server
 
 
 @app.command("signal")
@@ -317,7 +412,7 @@ def signal_(
     def body() -> None:
         payload = None if data is None else codec.parse_json_arg(data, what="--data")
         _fleet(app_).signal(run_id, name, payload)
-        console.print(f"signal {name!r} sent to run {run_id}")
+        say(f"signal {name!r} sent to run {run_id}")
 
     _guard(body)
 
@@ -338,36 +433,42 @@ def resolve(
     """Settle a run that needs a decision: an in-doubt effect, or a reached budget."""
 
     def body() -> None:
-        fleet = _fleet(app_)
         if raise_budget is not None:
             if step_id is not None or output is not None or retry:
                 raise BadInput("--raise-budget takes only the run id")
-            key, _, value = raise_budget.partition("=")
-            try:
-                amount = float(value)
-            except ValueError:
-                raise BadInput(
-                    f"--raise-budget {raise_budget!r}: expected tokens=N or cost=X"
-                ) from None
-            if key == "tokens":
-                fleet.raise_budget(run_id, tokens=int(amount))
-            elif key == "cost":
-                fleet.raise_budget(run_id, cost=amount)
-            else:
-                raise BadInput(f"--raise-budget {raise_budget!r}: expected tokens=N or cost=X")
-            console.print(f"run {run_id}: budget raised to {raise_budget}; the run goes on")
+            limit = parse_budget(raise_budget)
+            _fleet(app_).raise_budget(run_id, **limit)
+            say(f"run {run_id}: budget raised to {raise_budget}; the run goes on")
             return
         if step_id is None or (output is None) == (not retry):
             raise BadInput("give STEP_ID and exactly one of --output JSON or --retry")
+        fleet = _fleet(app_)
         if retry:
             fleet.resolve(run_id, step_id, retry=True)
         else:
             fleet.resolve(
                 run_id, step_id, output=codec.parse_json_arg(output or "", what="--output")
             )
-        console.print(f"step {step_id} of run {run_id} resolved; the run goes on")
+        say(f"step {step_id} of run {run_id} resolved; the run goes on")
 
     _guard(body)
+
+
+def parse_budget(raw: str) -> dict[str, Any]:
+    """``tokens=N`` (a whole number) or ``cost=X``, positive and finite."""
+    key, _, value = raw.partition("=")
+    try:
+        amount = float(value)
+    except ValueError:
+        amount = math.nan
+    # NaN and infinity parse as floats; as a limit, neither means anything.
+    if key not in ("tokens", "cost") or not math.isfinite(amount) or amount <= 0:
+        raise BadInput(f"--raise-budget {raw!r}: expected tokens=N or cost=X, N and X above 0")
+    if key == "tokens":
+        if amount != int(amount):
+            raise BadInput(f"--raise-budget {raw!r}: tokens must be a whole number")
+        return {"tokens": int(amount)}
+    return {"cost": amount}
 
 
 @app.command()
@@ -380,9 +481,9 @@ def cancel(
 
     def body() -> int:
         if _fleet(app_).cancel(run_id, reason):
-            console.print(f"run {run_id} cancelled")
+            say(f"run {run_id} cancelled")
             return 0
-        err.print(f"run {run_id} had already ended; nothing changed")
+        say(f"run {run_id} had already ended; nothing changed", to=err)
         return 1
 
     raise typer.Exit(_guard(body))
@@ -450,23 +551,64 @@ def dlq_replay(
             raise BadInput("give one dead letter id, or --all")
         if all_ and input_ is not None:
             raise BadInput("--input goes with one dead letter id, not --all")
-        if rate <= 0:
-            raise BadInput(f"--rate must be positive, got {rate}")
+        positive(rate, "--rate")
         fleet = _fleet(app_)
         if letter_id is not None:
             kwargs = (
                 {} if input_ is None else {"input": codec.parse_json_arg(input_, what="--input")}
             )
             run = fleet.replay(letter_id, **kwargs)
-            console.print(f"replayed dead letter {letter_id}; run {run.id} resumes")
+            say(f"replayed dead letter {letter_id}; run {run.id} resumes")
             return
         letters = fleet.dead_letters(workflow=workflow)
         for i, letter in enumerate(letters):
             if i:
                 time.sleep(1.0 / rate)
             fleet.replay(letter.id)
-            console.print(f"replayed dead letter {letter.id} ({letter.run_id} {letter.step_id})")
-        console.print(f"{len(letters)} dead letter(s) replayed")
+            say(f"replayed dead letter {letter.id} ({letter.run_id} {letter.step_id})")
+        say(f"{len(letters)} dead letter(s) replayed")
+
+    _guard(body)
+
+
+# --- retention ------------------------------------------------------------------------
+
+
+@app.command()
+def prune(
+    finished_before: Annotated[
+        str,
+        typer.Option(
+            "--finished-before",
+            help="delete runs finished longer ago than this: 30d, 12h, 90m, 45s",
+        ),
+    ],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="count what would go")] = False,
+    batch: Annotated[int, typer.Option(help="runs per transaction")] = 200,
+    app_: AppOpt = None,
+) -> None:
+    """Delete finished runs and everything of theirs; live runs are never touched."""
+    from fleet.durations import parse_duration
+
+    def body() -> None:
+        age = parse_duration(finished_before, "--finished-before")
+        if batch < 1:
+            raise BadInput(f"--batch must be at least 1, got {batch}")
+        result = _fleet(app_).prune(age, dry_run=dry_run, batch=batch)
+        rows = ", ".join(
+            f"{n} {name.replace('_', ' ')}"
+            for name, n in result.counts().items()
+            if name not in ("runs", "kept")
+        )
+        verb = "would prune" if dry_run else "pruned"
+        say(f"{verb} {result.runs} run(s) finished over {finished_before.strip()} ago: {rows}")
+        if result.kept:
+            say(
+                f"kept {result.kept} failed run(s) with a dead letter not yet replayed "
+                "(`fleet dlq list`: replay or leave them)"
+            )
+        if dry_run:
+            say("dry run: nothing was deleted")
 
     _guard(body)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fleet.durations import env_duration
 from fleet.errors import BadInput
 
 DEFAULT_HOME = ".fleet"
@@ -21,8 +23,9 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise BadInput(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise BadInput(f"{name}={raw!r} must be positive")
+    # NaN passes every comparison's "else" and infinity breaks int(): both are refused.
+    if not math.isfinite(value) or value <= 0:
+        raise BadInput(f"{name}={raw!r} must be a positive finite number")
     return value
 
 
@@ -53,6 +56,9 @@ class Settings:
     inline_steps: int = 50
     # 0: derived from the lease (see ``visibility_timeout``).
     visibility_timeout_seconds: float = 0.0
+    # FLEET_RETENTION (``30d``): the sweeper prunes runs finished longer ago than this many
+    # seconds (see fleet/retention.py). None: every run is kept forever.
+    retention: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -71,6 +77,7 @@ class Settings:
             visibility_timeout_seconds=_float(env, "FLEET_VISIBILITY_TIMEOUT", 0.0),
             shutdown_grace=_float(env, "FLEET_SHUTDOWN_GRACE", cls.shutdown_grace),
             inline_steps=int(_float(env, "FLEET_INLINE_STEPS", cls.inline_steps)),
+            retention=env_duration(env, "FLEET_RETENTION"),
         )
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +59,21 @@ class WorkflowDef:
             name += "-" + hashlib.sha256(blob.encode()).hexdigest()[:8]
         return name
 
+    def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """``BadInput`` naming the workflow if its function cannot take these arguments
+        (after its context): said at enqueue, before anything is recorded, not by a
+        run that fails later."""
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # a callable without one: nothing to check
+            return
+        try:
+            signature.bind(None, *args, **kwargs)
+        except TypeError as exc:
+            raise BadInput(
+                f"workflow {self.name!r} cannot be called with these arguments: {exc}"
+            ) from None
+
     def pinned_to(self, version: str, pins: Mapping[str, Any]) -> bool:
         return self.version == version and dict(self.pins) == dict(pins)
 
@@ -70,16 +87,26 @@ def check_budget(budget: Mapping[str, Any] | None) -> tuple[int | None, float | 
         raise BadInput(f"budget {dict(budget)!r} must have 'tokens' and/or 'cost'")
     tokens, cost = budget.get("tokens"), budget.get("cost")
     for key, value in (("tokens", tokens), ("cost", cost)):
+        # NaN compares false with everything: without isfinite it would pass as a limit
+        # no spend ever reaches.
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
         ):
-            raise BadInput(f"budget {key} must be a positive number, got {value!r}")
+            raise BadInput(f"budget {key} must be a positive finite number, got {value!r}")
+    if tokens is not None and tokens != int(tokens):
+        raise BadInput(f"budget tokens must be a whole number, got {tokens!r}")
     return (None if tokens is None else int(tokens)), (None if cost is None else float(cost))
 
 
 def check_name(name: str, what: str) -> str:
-    if not name or len(name) > MAX_NAME or "#" in name:
-        raise BadInput(f"{what} name {name!r} must be 1-{MAX_NAME} characters without '#'")
+    """A workflow, step or signal name: printed by the CLI and logged, so printable only."""
+    if not name or len(name) > MAX_NAME or "#" in name or not name.isprintable():
+        raise BadInput(
+            f"{what} name {name!r} must be 1-{MAX_NAME} printable characters without '#'"
+        )
     return name
 
 

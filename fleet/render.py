@@ -1,7 +1,15 @@
-"""Rich views of runs and steps, shared by the CLI and the demo."""
+"""Rich views of runs and steps, shared by the CLI and the demo.
+
+The rule: every value that comes from the store or the user (ids, names, errors,
+inputs) is shown as text through ``plain``, never as Rich markup: a run id holding
+``[/]`` must not crash a view, nor ``[link=…]`` change what the operator sees, nor an
+escape sequence drive the terminal.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,8 +36,32 @@ STATUS_STYLE = {
 }
 
 
+# C0 and C1 control characters but newline and tab.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _escape_control(text: str) -> str:
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def plain(value: object, style: str = "") -> Text:
+    """``value`` as literal text, its control characters shown escaped."""
+    return Text(_escape_control(str(value)), style=style)
+
+
+def one_line(value: object) -> str:
+    """``value`` as one printable line: newlines and control characters escaped."""
+    return _escape_control(str(value).replace("\n", "\\n").replace("\t", " "))
+
+
+def as_json(value: Any) -> str:
+    """A loaded value as JSON. What JSON cannot hold (a ``Secret``, whose repr names
+    it and never holds its value) is shown as its repr."""
+    return json.dumps(value, default=repr)
+
+
 def status_text(status: str) -> Text:
-    return Text(status, style=STATUS_STYLE.get(status, ""))
+    return plain(status, style=STATUS_STYLE.get(status, ""))
 
 
 def ago(ts: float | None, now: float | None = None) -> str:
@@ -61,9 +93,9 @@ def runs_table(
         u = usage.get(r.id)
         done, total = progress.get(r.id, (0, 0))
         table.add_row(
-            r.id,
-            r.workflow,
-            r.version,
+            plain(r.id),
+            plain(r.workflow),
+            plain(r.version),
             status_text(r.status),
             f"{done}/{total}",
             spend(u) if u else "-",
@@ -80,24 +112,13 @@ def run_view(
     incidents: dict[str, int],
     intents: Sequence[Any] = (),
 ) -> Group:
-    head = Table.grid(padding=(0, 2))
-    head.add_column(style="bold")
-    head.add_column()
-    head.add_row("run", run.id)
+    head = _grid()
+    head.add_row("run", plain(run.id))
     pins = f", pins {run.pins}" if run.pins not in ("{}", "") else ""
-    head.add_row("workflow", f"{run.workflow} version {run.version}{pins}")
-    head.add_row("queue", f"{run.queue} (served by workers that have this version)")
+    head.add_row("workflow", plain(f"{run.workflow} version {run.version}{pins}"))
+    head.add_row("queue", plain(f"{run.queue} (served by workers that have this version)"))
     head.add_row("status", status_text(run.status))
-    limits = [
-        f"{run.budget_tokens:,} tokens" if run.budget_tokens else "",
-        f"${run.budget_cost:.4f}" if run.budget_cost else "",
-    ]
-    budget = " and ".join(x for x in limits if x)
-    head.add_row(
-        "spend",
-        f"{spend(usage)} in {usage['calls']} model call(s)"
-        + (f" (budget {budget})" if budget else ""),
-    )
+    head.add_row("spend", _spend_line(run, usage))
     saved = saved_by_resume(attempts)
     if saved["crashes"]:
         head.add_row(
@@ -111,7 +132,7 @@ def run_view(
     if run.status == "needs_decision" and run.decision == "budget":
         head.add_row(
             "needs a decision",
-            Text(
+            plain(
                 f"budget reached: fleet resolve {run.id} --raise-budget tokens=N (or cost=X), "
                 f"or fleet cancel {run.id}",
                 style="magenta",
@@ -120,42 +141,66 @@ def run_view(
     if incidents.get("version_mismatch") and not RunStatus(run.status).finished:
         head.add_row(
             "waits for",
-            Text(
+            plain(
                 f"a worker with {run.workflow} version {run.version}: "
                 f"{incidents['version_mismatch']} time(s) a worker of another version left it",
                 style="yellow",
             ),
         )
     if incidents:
-        head.add_row("incidents", ", ".join(f"{k}: {v}" for k, v in sorted(incidents.items())))
+        head.add_row(
+            "incidents", plain(", ".join(f"{k}: {v}" for k, v in sorted(incidents.items())))
+        )
     if run.result is not None:
-        head.add_row("result", Text(clip(run.result, 300)))
+        head.add_row("result", plain(clip(run.result, 300)))
     if run.error:
-        head.add_row("error", Text(run.error.splitlines()[0] if run.error else "", style="red"))
+        head.add_row("error", plain(run.error.splitlines()[0] if run.error else "", style="red"))
     parts: list[Any] = [head, steps_table(steps, attempts)]
     if intents:
-        table = Table(title="effects (write-ahead intents)")
-        for col in ("step", "epoch", "idempotency key", "outcome", "written"):
-            table.add_column(col)
-        for i in intents:
-            style = "magenta" if i.outcome == "open" else ""
-            table.add_row(
-                i.step_id,
-                str(i.epoch),
-                i.idempotency_key,
-                Text(i.outcome, style=style),
-                ago(i.created_at),
-            )
-        parts.append(table)
+        parts.append(intents_table(intents))
     in_doubt = [s.step_id for s in steps if s.status == "in_doubt"]
     if in_doubt:
         parts.append(
-            Text(
+            plain(
                 f"needs a decision: fleet resolve {run.id} {in_doubt[0]} (--output JSON | --retry)",
                 style="magenta",
             )
         )
     return Group(*parts)
+
+
+def _grid() -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    return grid
+
+
+def _spend_line(run: Any, usage: dict[str, Any]) -> str:
+    limits = [
+        f"{run.budget_tokens:,} tokens" if run.budget_tokens else "",
+        f"${run.budget_cost:.4f}" if run.budget_cost else "",
+    ]
+    budget = " and ".join(x for x in limits if x)
+    return f"{spend(usage)} in {usage['calls']} model call(s)" + (
+        f" (budget {budget})" if budget else ""
+    )
+
+
+def intents_table(intents: Sequence[Any]) -> Table:
+    table = Table(title="effects (write-ahead intents)")
+    for col in ("step", "epoch", "idempotency key", "outcome", "written"):
+        table.add_column(col)
+    for i in intents:
+        style = "magenta" if i.outcome == "open" else ""
+        table.add_row(
+            plain(i.step_id),
+            str(i.epoch),
+            plain(i.idempotency_key),
+            plain(i.outcome, style=style),
+            ago(i.created_at),
+        )
+    return table
 
 
 def steps_table(steps: Sequence[Any], attempts: Sequence[Any]) -> Table:
@@ -171,13 +216,13 @@ def steps_table(steps: Sequence[Any], attempts: Sequence[Any]) -> Table:
         cost = sum(a.cost for a in atts)
         workers = ", ".join(f"{a.worker} ({a.outcome})" for a in atts) or "-"
         table.add_row(
-            s.step_id,
+            plain(s.step_id),
             status_text(s.status),
             str(s.attempts),
             str(s.epoch),
-            workers,
+            plain(workers),
             f"{tokens:,} tok ${cost:.4f}" if atts else "-",
-            clip(s.error or "", 60),
+            plain(clip(s.error or "", 60)),
         )
     return table
 
@@ -196,10 +241,10 @@ def dead_letters_table(letters: Sequence[Any]) -> Table:
     for d in letters:
         table.add_row(
             str(d.id),
-            d.run_id,
-            d.workflow,
-            d.step_id,
-            clip(d.error, 60),
+            plain(d.run_id),
+            plain(d.workflow),
+            plain(d.step_id),
+            plain(clip(d.error, 60)),
             str(d.attempts),
             ago(d.last_failed_at),
             ago(d.replayed_at) if d.replayed_at else "-",
@@ -208,17 +253,13 @@ def dead_letters_table(letters: Sequence[Any]) -> Table:
 
 
 def dead_letter_view(d: Any) -> Group:
-    import json
-
-    head = Table.grid(padding=(0, 2))
-    head.add_column(style="bold")
-    head.add_column()
+    head = _grid()
     rows = [
         ("dead letter", str(d.id)),
         ("run", d.run_id),
         ("workflow", d.workflow),
         ("step", f"{d.step_id} ({d.step_name})"),
-        ("input", json.dumps(d.input)),
+        ("input", as_json(d.input)),
         ("error", d.error),
         ("attempts", str(d.attempts)),
         ("first failed", f"{_stamp(d.first_failed_at)} ({ago(d.first_failed_at)})"),
@@ -226,8 +267,8 @@ def dead_letter_view(d: Any) -> Group:
         ("replayed", f"{_stamp(d.replayed_at)}" if d.replayed_at else "no"),
     ]
     for k, v in rows:
-        head.add_row(k, Text(v))
-    return Group(head, Text(d.traceback or "(no traceback: the worker was lost)", style="dim"))
+        head.add_row(k, plain(v))
+    return Group(head, plain(d.traceback or "(no traceback: the worker was lost)", style="dim"))
 
 
 def _stamp(ts: float | None) -> str:

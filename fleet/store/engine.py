@@ -12,13 +12,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Float, create_engine, event, inspect
+from sqlalchemy import URL, Engine, Float, create_engine, event, inspect, make_url
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    NoSuchModuleError,
+    OperationalError,
+)
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from fleet.errors import StoreUnavailable
+from fleet.errors import BadInput, StoreUnavailable
 from fleet.store.history import HistoryCache
 
 log = logging.getLogger("fleet.store")
@@ -63,22 +69,56 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def parse_url(url: str) -> URL:
+    """The database URL, or one line saying it is not one (never echoing it: an
+    unparsable URL cannot be redacted and may hold a password)."""
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        raise BadInput(
+            "the database URL (FLEET_DATABASE_URL) cannot be parsed: expected "
+            "sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST/NAME"
+        ) from None
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL; None for another database or an in-memory one."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    name = parsed.database or ""
+    if not name or name == ":memory:" or name.startswith("file:"):
+        return None
+    return Path(name)
+
+
 def make_engine(url: str) -> Engine:
-    if url.startswith("sqlite"):
-        path = url.split("///", 1)[1] if "///" in url else ""
-        if path and path != ":memory:":
-            try:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StoreUnavailable(
-                    f"store {url} unavailable: cannot create its folder ({exc.strerror})"
-                ) from exc
-        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-        _configure_sqlite(engine)
-        return engine
-    engine = create_engine(url, pool_size=5, max_overflow=10)
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        _create_sqlite_file(url, path)
+    try:
+        if parse_url(url).get_backend_name() == "sqlite":
+            engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+            _configure_sqlite(engine)
+            return engine
+        engine = create_engine(url, pool_size=5, max_overflow=10)
+    except (NoSuchModuleError, ImportError) as exc:
+        raise BadInput(f"database URL {redact(url)} cannot be used: {exc}") from None
     _ping_idle_connections(engine)
     return engine
+
+
+def _create_sqlite_file(url: str, path: Path) -> None:
+    """The embedded store's folder and file, readable by their owner only: the store
+    holds every run's inputs and outputs. SQLite gives the -wal and -shm files it
+    creates later the database file's mode."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    except OSError as exc:
+        raise StoreUnavailable(
+            f"store {redact(url)} unavailable: cannot create it ({exc.strerror})"
+        ) from exc
 
 
 # A pooled connection used less than this long ago is trusted without a ping.
@@ -261,8 +301,6 @@ def _quietly_rollback(conn: Connection) -> None:
 
 def redact(url: str) -> str:
     """The URL without its password, for messages and logs."""
-    from sqlalchemy.engine import make_url
-
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
