@@ -11,10 +11,11 @@ from typing import Any
 
 from celery import Celery
 
-from fleet import brokers, codec
+from fleet import brokers, codec, retention
 from fleet.config import Settings
 from fleet.dispatch import Dispatcher
-from fleet.errors import BadInput, RunFailed, StoreUnavailable, UnknownRun, WaitTimeout
+from fleet.envelope import SINK_OPTION, DeadMessageInfo
+from fleet.errors import BadInput, RunFailed, UnknownRun, WaitTimeout
 from fleet.policy import RetryPolicy
 from fleet.records import DeadLetterInfo, StepInfo
 from fleet.registry import Registry, StepDef, WorkflowDef, check_budget, check_name
@@ -22,7 +23,7 @@ from fleet.replay import step_shadow
 from fleet.runtime import Runtime
 from fleet.states import RunStatus
 from fleet.store import migrate
-from fleet.store.engine import Database, redact
+from fleet.store.engine import Database
 from fleet.store.ledger import Ledger
 from fleet.store.queries import Queries
 from fleet.tasks import register
@@ -105,12 +106,14 @@ class Fleet:
         )
         self.default_retry = default_retry or RetryPolicy()
         self.registry = Registry()
-        self.celery = make_celery(name, self.settings)
         db = Database(self.settings.database_url)
+        ledger = Ledger(db, grace=self.settings.sweep_grace)
+        # The broker's channels set bad messages aside in the store through the ledger.
+        self.celery = make_celery(name, self.settings, set_aside=ledger.set_aside_message)
         self.runtime = Runtime(
             settings=self.settings,
             db=db,
-            ledger=Ledger(db, grace=self.settings.sweep_grace),
+            ledger=ledger,
             queries=Queries(db),
             registry=self.registry,
             dispatcher=Dispatcher(self.celery),
@@ -193,24 +196,23 @@ class Fleet:
 
     # --- the store ------------------------------------------------------------------
 
-    def ensure_schema(self) -> None:
-        """The embedded SQLite store creates its schema on first use; a server store
-        must be migrated on purpose (``fleet db upgrade``)."""
+    def ensure_schema(self, create: bool = False) -> None:
+        """The store must be at the code's schema revision (checked once per Fleet).
+
+        With ``create`` (a worker, ``enqueue``), the embedded SQLite store is created or
+        upgraded on first use. Otherwise (reads, operator commands) nothing is created
+        or changed: a missing, older or newer store is ``StoreUnavailable`` in one line.
+        A server store is only ever migrated on purpose (``fleet db upgrade``)."""
         if self._schema_checked:
             return
+        # The store before the broker folder: the store's folder is created owner-only.
+        migrate.check(self.runtime.db, create=create and self.settings.is_sqlite)
         prepare_broker(self.settings)
-        db = self.runtime.db
-        if not db.has_schema():
-            if not self.settings.is_sqlite:
-                raise StoreUnavailable(
-                    f"store {redact(db.url)} has no fleet schema: run `fleet db upgrade`"
-                )
-            migrate.upgrade(db)
         self._schema_checked = True
 
     def upgrade_schema(self) -> None:
-        prepare_broker(self.settings)
         migrate.upgrade(self.runtime.db)
+        prepare_broker(self.settings)
         self._schema_checked = True
 
     # --- runs -------------------------------------------------------------------------
@@ -228,6 +230,7 @@ class Fleet:
         no step starts once the run's recorded spend reaches it; the run parks as
         ``needs_decision`` until ``raise_budget`` or ``cancel``."""
         wf = self.registry.workflow(workflow)
+        wf.check_call(args, kwargs)
         budget_tokens, budget_cost = check_budget(budget if budget is not None else wf.budget)
         if run_id is not None and (
             not run_id or len(run_id) > MAX_RUN_ID or not run_id.isprintable()
@@ -235,7 +238,7 @@ class Fleet:
             raise BadInput(f"run id {run_id!r} must be 1-{MAX_RUN_ID} printable characters")
         rid = run_id or uuid.uuid4().hex
         pins = codec.encode(dict(wf.pins), what=f"pins of workflow {wf.name}", limit=4096)
-        self.ensure_schema()
+        self.ensure_schema(create=True)
         payload = self.runtime.payloads.dump(
             {"args": list(args), "kwargs": kwargs}, what=f"arguments of workflow {wf.name}"
         )
@@ -299,7 +302,7 @@ class Fleet:
             letter.run_id,
             letter.step_id,
             run.queue,
-            shadow=step_shadow(run.workflow, letter.step_id),
+            shadow=step_shadow(run.workflow, letter.name),
         )
         return RunHandle(self, letter.run_id)
 
@@ -323,8 +326,10 @@ class Fleet:
                 f"step {step_id!r} of run {run_id} is not an effect in doubt (run is {row.status})"
             )
         if retry:
+            step = self.runtime.queries.step(run_id, step_id)
+            name = step_id if step is None else step.name
             self.runtime.dispatcher.execute(
-                run_id, step_id, row.queue, shadow=step_shadow(row.workflow, step_id)
+                run_id, step_id, row.queue, shadow=step_shadow(row.workflow, name)
             )
         else:
             self.runtime.dispatcher.advance(run_id, row.queue)
@@ -342,7 +347,7 @@ class Fleet:
         for step in self.runtime.queries.steps(run_id):
             if step.kind == "task" and step.status == "pending":
                 self.runtime.dispatcher.execute(
-                    run_id, step.step_id, row.queue, shadow=step_shadow(row.workflow, step.step_id)
+                    run_id, step.step_id, row.queue, shadow=step_shadow(row.workflow, step.name)
                 )
 
     def signal(self, run_id: str, name: str, payload: Any = None) -> None:
@@ -357,6 +362,36 @@ class Fleet:
         if self.runtime.ledger.deliver_signals(run_id):
             self.runtime.dispatcher.advance(run_id, row.queue)
 
+    # --- retention -----------------------------------------------------------------------
+
+    def prune(
+        self, finished_before: float, *, dry_run: bool = False, batch: int = retention.BATCH
+    ) -> retention.PruneResult:
+        """Delete runs that finished more than ``finished_before`` seconds ago, with their
+        steps, attempts, intents, signals, dead letters, incidents and the blobs nothing
+        else references, ``batch`` runs per short transaction; live runs are never touched.
+        A failed run with a dead letter not yet replayed is kept (counted as ``kept``).
+        With ``dry_run``, count what would go and delete nothing."""
+        self.ensure_schema()
+        return retention.prune(self.runtime, finished_before, dry_run=dry_run, batch=batch)
+
+    # --- dead messages: broker messages that were not fleet's ---------------------------
+
+    def dead_messages(self, limit: int = 100) -> list[DeadMessageInfo]:
+        """Messages a worker refused (unreadable, or not one of fleet's tasks with valid
+        ids) and set aside instead of running: newest first, at most ``limit``."""
+        if limit < 0:
+            raise BadInput(f"limit must be 0 or more, got {limit}")
+        self.ensure_schema()
+        return [DeadMessageInfo.from_row(r) for r in self.runtime.queries.dead_messages(limit)]
+
+    def purge_dead_messages(self, ids: list[int] | None = None) -> int:
+        """Delete the dead messages with these ids (None: every one); how many went."""
+        if ids is not None and any(not 0 < i < 2**31 for i in ids):
+            raise BadInput(f"dead message ids are 1 to {2**31 - 1}, got {list(ids)!r:.200}")
+        self.ensure_schema()
+        return self.runtime.ledger.purge_dead_messages(None if ids is None else list(ids))
+
 
 def broker_folders(folder: Path) -> tuple[Path, Path, Path]:
     """The filesystem transport's folders: messages, processed messages, bindings."""
@@ -364,20 +399,27 @@ def broker_folders(folder: Path) -> tuple[Path, Path, Path]:
 
 
 def prepare_broker(settings: Settings) -> None:
-    """Create the filesystem transport's folders (on first use, not at import)."""
+    """Create the filesystem transport's folders (on first use, not at import),
+    readable by their owner only: messages name runs and steps."""
     folder = settings.broker_folder
     if folder is None:
         return
     try:
-        for d in broker_folders(folder):
-            d.mkdir(parents=True, exist_ok=True)
+        brokers.create_private_folders(folder, *broker_folders(folder))
     except OSError as exc:
         raise BadInput(f"broker folder {folder} cannot be created: {exc.strerror}") from exc
 
 
-def make_celery(name: str, settings: Settings) -> Celery:
+def make_celery(
+    name: str, settings: Settings, set_aside: Callable[[str, str, str], int] | None = None
+) -> Celery:
+    """The Celery app. ``set_aside(queue, reason, raw) -> id`` keeps a message that is
+    not fleet's in the store (``Ledger.set_aside_message``): the broker's channels reach
+    it as a transport option (see fleet.brokers)."""
     broker = settings.broker_url
     transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout}
+    if set_aside is not None:
+        transport_options[SINK_OPTION] = set_aside
     folder = settings.broker_folder
     if folder is not None:
         queue_dir, processed, control = broker_folders(folder)

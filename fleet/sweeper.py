@@ -5,6 +5,10 @@ persistence, the filesystem transport's worker dying mid-delivery). Each tick cl
 with conditional writes, the steps that are takeable but unanswered (never sent,
 lease expired, retry due) and the runs with an unanswered wake-up, and sends them
 again. Several sweepers may run; a claim is taken by one of them.
+
+With ``FLEET_RETENTION`` set, each tick also prunes at most one batch of runs finished
+longer ago than that (``fleet/retention.py``): a backlog drains a batch per tick, and
+once it is gone the runs table is looked at again only every minute or so.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 
 from fleet.errors import FleetError
 from fleet.replay import step_shadow
+from fleet.retention import RetentionSweep
 from fleet.runtime import Runtime
 
 log = logging.getLogger("fleet.sweeper")
@@ -29,8 +34,8 @@ class SweepResult:
 
 def sweep_once(rt: Runtime) -> SweepResult:
     result = SweepResult()
-    for run_id, step_id, queue, workflow in rt.ledger.claim_stalled_steps():
-        rt.dispatcher.execute(run_id, step_id, queue, shadow=step_shadow(workflow, step_id))
+    for run_id, step_id, queue, workflow, name in rt.ledger.claim_stalled_steps():
+        rt.dispatcher.execute(run_id, step_id, queue, shadow=step_shadow(workflow, name))
         result.steps += 1
     for run_id, queue in rt.ledger.fire_due_waits():
         rt.dispatcher.advance(run_id, queue)
@@ -53,9 +58,15 @@ def run_sweeper(rt: Runtime, stop: threading.Event | None = None) -> None:
     stop = stop or threading.Event()
     interval = rt.settings.sweep_interval
     log.info("sweeper started: every %.2fs, grace %.2fs", interval, rt.settings.sweep_grace)
+    retention = None
+    if rt.settings.retention is not None:
+        retention = RetentionSweep(rt, rt.settings.retention)
+        log.info("retention: pruning runs finished over %.0fs ago", rt.settings.retention)
     while not stop.is_set():
         try:
             sweep_once(rt)
+            if retention is not None:
+                retention.tick()
         except FleetError as exc:  # store restarting: keep going, it is the only truth
             log.warning("sweep failed: %s", exc)
         stop.wait(interval)

@@ -216,6 +216,20 @@ class Cluster:
             proc.stop()
 
 
+def everything_in_the_store(client: Fleet) -> str:
+    """Every row of every table, as text: to check a value appears nowhere."""
+    from sqlalchemy import select
+
+    from fleet.store.schema import metadata
+
+    with client.runtime.db.begin() as conn:
+        return "\n".join(
+            repr(tuple(row))
+            for table in metadata.sorted_tables
+            for row in conn.execute(select(table)).all()
+        )
+
+
 def executions(backend: Backend, run_id: str | None = None) -> list[dict[str, Any]]:
     """Every step execution the test workflows logged, outside the store."""
     if not backend.log_path.exists():

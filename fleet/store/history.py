@@ -3,10 +3,11 @@
 A replay needs the run's whole history, and a long run's grows by a step per
 advance: reading all of it every time makes an advance O(steps) in rows fetched.
 But a step row that is ``done`` never changes again (every write to a step is
-guarded by a status that excludes ``done``, and steps are never deleted), so the
-rows of a run up to its first unfinished step can be kept and only the rows after
-them read. The cache is exact, not a guess: what it returns is what a full read in
-the same transaction would return.
+guarded by a status that excludes ``done``, and steps are deleted only with their
+finished run by retention, whose id then keys a new run's cache entry apart by its
+creation time), so the rows of a run up to its first unfinished step can be kept
+and only the rows after them read. The cache is exact, not a guess: what it
+returns is what a full read in the same transaction would return.
 """
 
 from __future__ import annotations

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import and_, case, exists, insert, literal, or_, select, update
+from sqlalchemy import and_, case, delete, exists, insert, literal, not_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
+from fleet.store import pruning
 from fleet.store import statements as hot
 from fleet.store.engine import Database, db_now
 from fleet.store.queries import Snapshot, read_snapshot
@@ -27,6 +28,7 @@ from fleet.store.schema import (
     attempts,
     blobs,
     dead_letters,
+    dead_messages,
     incidents,
     intents,
     runs,
@@ -357,8 +359,14 @@ class Ledger:
             run_is(steps.c.run_id, RunStatus.RUNNING, RunStatus.WAITING),
         )
         with self.db.begin() as conn:
+            # SKIP LOCKED (Postgres; SQLite locks the whole file anyway): a row another
+            # transaction holds, say a worker paused mid-commit, is passed over, not waited
+            # for, so one frozen worker cannot stall every run's re-sends.
             keys = conn.execute(
-                select(steps.c.run_id, steps.c.step_id).where(due).limit(limit)
+                select(steps.c.run_id, steps.c.step_id)
+                .where(due)
+                .limit(limit)
+                .with_for_update(of=steps, skip_locked=True)
             ).all()
             woken: dict[str, str] = {}
             for run_id, step_id in keys:
@@ -913,19 +921,19 @@ class Ledger:
             return True
 
     def put_blob(self, digest: str, body: str) -> None:
-        """Store a large value once; a no-op if the same content is there already."""
+        """Store a large value once. If the same content is there already, only its
+        ``created_at`` moves to now: retention never deletes a blob stored (or stored
+        again) within its grace period, so a writer that is about to reference it is safe
+        (see ``prune_blobs``)."""
         with self.db.begin() as conn:
-            _insert_ignore(
-                conn,
-                blobs,
-                [
-                    {
-                        "digest": digest,
-                        "size": len(body.encode()),
-                        "body": body,
-                        "created_at": db_now(),
-                    }
-                ],
+            dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+            stmt = dialect.insert(blobs).values(
+                digest=digest, size=len(body.encode()), body=body, created_at=db_now()
+            )
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[blobs.c.digest], set_={"created_at": db_now()}
+                )
             )
 
     def add_usage(
@@ -983,11 +991,11 @@ class Ledger:
 
     # --- the sweeper's claims -------------------------------------------------
 
-    def claim_stalled_steps(self, limit: int = 500) -> list[tuple[str, str, str, str]]:
+    def claim_stalled_steps(self, limit: int = 500) -> list[tuple[str, str, str, str, str]]:
         """Steps that need an execute message the store has no sign was answered:
         takeable now and past their re-send time. Claiming pushes the re-send time
         out (linear back-off), so concurrent sweepers and a long backlog do not
-        multiply messages. Returns (run_id, step_id, queue, workflow)."""
+        multiply messages. Returns (run_id, step_id, queue, workflow, step name)."""
         now = db_now()
         due = and_(
             steps.c.kind == StepKind.TASK,
@@ -996,10 +1004,16 @@ class Ledger:
             run_is(steps.c.run_id, RunStatus.RUNNING),
         )
         with self.db.begin() as conn:
+            # SKIP LOCKED (Postgres; SQLite locks the whole file anyway): a row another
+            # transaction holds, say a worker paused mid-commit, is passed over, not waited
+            # for, so one frozen worker cannot stall every run's re-sends.
             keys = conn.execute(
-                select(steps.c.run_id, steps.c.step_id).where(due).limit(limit)
+                select(steps.c.run_id, steps.c.step_id)
+                .where(due)
+                .limit(limit)
+                .with_for_update(of=steps, skip_locked=True)
             ).all()
-            claimed: list[tuple[str, str, str, str]] = []
+            claimed: list[tuple[str, str, str, str, str]] = []
             for run_id, step_id in keys:
                 row = conn.execute(
                     update(steps)
@@ -1008,13 +1022,13 @@ class Ledger:
                         redispatch_at=now + self.grace * (steps.c.dispatches + 1),
                         dispatches=steps.c.dispatches + 1,
                     )
-                    .returning(steps.c.run_id)
+                    .returning(steps.c.name)
                 ).first()
                 if row is not None:
                     queue, workflow = conn.execute(
                         select(runs.c.queue, runs.c.workflow).where(runs.c.id == run_id)
                     ).one()
-                    claimed.append((run_id, step_id, queue, workflow))
+                    claimed.append((run_id, step_id, queue, workflow, row.name))
             return claimed
 
     def claim_stalled_runs(self, limit: int = 500) -> list[tuple[str, str]]:
@@ -1027,7 +1041,13 @@ class Ledger:
             or_(runs.c.redispatch_at.is_(None), runs.c.redispatch_at <= now),
         )
         with self.db.begin() as conn:
-            ids = conn.execute(select(runs.c.id).where(due).limit(limit)).scalars().all()
+            ids = (
+                conn.execute(
+                    select(runs.c.id).where(due).limit(limit).with_for_update(skip_locked=True)
+                )
+                .scalars()
+                .all()
+            )
             claimed: list[tuple[str, str]] = []
             for run_id in ids:
                 row = conn.execute(
@@ -1078,3 +1098,100 @@ class Ledger:
                 at=db_now(),
             )
         )
+
+    # --- dead messages: broker messages that were not fleet's -------------------------
+
+    def set_aside_message(self, queue: str, reason: str, raw: str) -> int:
+        """Keep a message the broker delivered that is not fleet's (see fleet.envelope),
+        once; its id. Each value is clipped here, whatever the caller sends."""
+        with self.db.begin() as conn:
+            result = conn.execute(
+                insert(dead_messages).values(
+                    queue=_clip_text(queue, 200),
+                    reason=_clip_text(reason, 1000),
+                    body=_clip_text(raw, DEAD_MESSAGE_MAX_BYTES),
+                    at=db_now(),
+                )
+            )
+            key = result.inserted_primary_key
+            assert key is not None
+            return int(key[0])
+
+    def purge_dead_messages(self, ids: list[int] | None) -> int:
+        """Delete the dead messages with these ids (None: all of them); how many went."""
+        stmt = delete(dead_messages)
+        if ids is not None:
+            if not ids:
+                return 0
+            stmt = stmt.where(dead_messages.c.id.in_(ids))
+        with self.db.begin() as conn:
+            return int(conn.execute(stmt).rowcount)
+
+    # --- retention ----------------------------------------------------------------
+    # Deletes, not transitions: a finished run and every row of its own go together.
+    # fleet/retention.py decides when, fleet/store/pruning.py says what may go; each call
+    # here is one short transaction that re-checks that rule on what it deletes.
+
+    def prune_runs(self, run_ids: Sequence[str], cutoff: float) -> dict[str, int]:
+        """Delete these runs, if still prunable at ``cutoff``, with their steps, attempts,
+        intents, signals, dead letters and incidents. The first statement re-checks the
+        rule and (Postgres) locks the rows it keeps; the run rows' own DELETE re-checks it
+        again. A run that changed since it was listed (a dead letter replayed: failed →
+        running) is left whole. Returns the rows deleted per table (``runs``, ``steps``…)."""
+        try:
+            with self.db.begin() as conn:
+                pick = select(runs.c.id).where(
+                    runs.c.id.in_(list(run_ids)), pruning.prunable(cutoff)
+                )
+                if conn.dialect.name == "postgresql":
+                    # A run row another transaction is writing is skipped, never waited on.
+                    pick = pick.with_for_update(skip_locked=True)
+                ids = list(conn.execute(pick).scalars())
+                if not ids:
+                    return {}
+                counts = {
+                    pruning.short_name(table): conn.execute(
+                        delete(table).where(table.c.run_id.in_(ids))
+                    ).rowcount
+                    for table in pruning.CHILDREN
+                }
+                counts["runs"] = conn.execute(
+                    delete(runs).where(runs.c.id.in_(ids), pruning.prunable(cutoff))
+                ).rowcount
+                if counts["runs"] != len(ids):
+                    raise _Rollback  # a run changed under the lock: none of the batch goes
+                return counts
+        except _Rollback:
+            log.warning("retention: a run changed while its batch was pruned; batch undone")
+            return {}
+
+    def prune_blobs(self, after: str, limit: int, grace: float) -> tuple[int, str]:
+        """Of the next ``limit`` blobs after digest ``after``, delete those no row
+        references, unless stored (or stored again) in the last ``grace`` seconds. The
+        reference check is part of the DELETE itself, so a reference committed before it
+        keeps the blob; a writer that has just stored the blob and not yet committed its
+        reference is protected by ``grace`` (``put_blob`` moves ``created_at`` to now).
+        Returns how many were deleted and the last digest looked at ("" at the end)."""
+        with self.db.begin() as conn:
+            digests = pruning.next_blobs(conn, after, limit)
+            if not digests:
+                return 0, ""
+            deleted = conn.execute(
+                delete(blobs).where(
+                    blobs.c.digest.in_(digests),
+                    pruning.stale_blob(grace),
+                    *[not_(found) for found in pruning.referenced()],
+                )
+            ).rowcount
+            return deleted, digests[-1]
+
+
+# A dead message's body is kept up to this many bytes of UTF-8.
+DEAD_MESSAGE_MAX_BYTES = 64 * 1024
+
+
+def _clip_text(text: str, max_bytes: int) -> str:
+    """At most ``max_bytes`` of UTF-8, whole characters only; no NUL (Postgres text
+    cannot hold one) and no lone surrogate (not encodable)."""
+    data = text.encode("utf-8", "backslashreplace").replace(b"\x00", b"\\x00")
+    return data[:max_bytes].decode("utf-8", "ignore")

@@ -11,7 +11,16 @@ from sqlalchemy.engine import Connection, Row
 
 from fleet.store.engine import Database, db_now
 from fleet.store.history import HistoryCache
-from fleet.store.schema import attempts, blobs, dead_letters, incidents, intents, runs, steps
+from fleet.store.schema import (
+    attempts,
+    blobs,
+    dead_letters,
+    dead_messages,
+    incidents,
+    intents,
+    runs,
+    steps,
+)
 from fleet.store.statements import HISTORY, HISTORY_AFTER, RUN_ROW, STEP_ROW
 
 
@@ -32,12 +41,15 @@ def read_snapshot(
         run = conn.execute(RUN_ROW, {"b_run": run_id}).first()
     if run is None:
         return None
-    prefix = cache.prefix(run_id)
+    # Keyed by the run's id and creation time: retention may delete a finished run and
+    # the same id be enqueued again, and the new run must never see the old one's steps.
+    key = f"{run_id}\x00{run.created_at!r}"
+    prefix = cache.prefix(key)
     if prefix:
         tail = conn.execute(HISTORY_AFTER, {"b_run": run_id, "b_seq": prefix[-1].seq}).all()
     else:
         tail = conn.execute(HISTORY, {"b_run": run_id}).all()
-    cache.extend(run_id, prefix, tail)
+    cache.extend(key, prefix, tail)
     return Snapshot(run, [*prefix, *tail])
 
 
@@ -248,3 +260,20 @@ class Queries:
     def now(self) -> float:
         with self.db.begin() as conn:
             return float(conn.execute(select(db_now())).scalar_one())
+
+    # --- dead messages: broker messages that were not fleet's -------------------------
+
+    def dead_messages(self, limit: int = 100) -> Sequence[Row[Any]]:
+        """The newest ``limit`` dead messages, newest first."""
+        stmt = select(dead_messages).order_by(dead_messages.c.id.desc()).limit(limit)
+        with self.db.begin() as conn:
+            return conn.execute(stmt).all()
+
+    def dead_message(self, message_id: int) -> Row[Any] | None:
+        stmt = select(dead_messages).where(dead_messages.c.id == message_id)
+        with self.db.begin() as conn:
+            return conn.execute(stmt).first()
+
+    def dead_message_count(self) -> int:
+        with self.db.begin() as conn:
+            return int(conn.execute(select(func.count()).select_from(dead_messages)).scalar_one())

@@ -36,6 +36,8 @@ class Run(SQLModel, table=True):
     __table_args__ = (
         CheckConstraint(check_constraint("status", RunStatus), name="ck_runs_status"),
         Index("ix_runs_status", "status"),
+        # Retention lists finished runs by age (fleet prune, FLEET_RETENTION).
+        Index("ix_runs_status_finished", "status", "finished_at"),
     )
 
     id: str = Field(primary_key=True, max_length=200)
@@ -145,6 +147,8 @@ class IncidentRow(SQLModel, table=True):
     __table_args__ = (
         CheckConstraint(check_constraint("kind", Incident), name="ck_incidents_kind"),
         Index("ix_incidents_kind", "kind"),
+        # Retention deletes a pruned run's incidents by run id.
+        Index("ix_incidents_run", "run_id"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -201,6 +205,20 @@ class Blob(SQLModel, table=True):
     created_at: float = Field(sa_column=Column(Float, nullable=False))
 
 
+class DeadMessage(SQLModel, table=True):
+    """A broker message that was not fleet's (unreadable, or not one of fleet's tasks
+    with ids within the limits above): acked, set aside here once, never delivered.
+    ``body`` is the raw message, clipped to 64 KiB."""
+
+    __tablename__ = "fleet_dead_messages"
+
+    id: int | None = Field(default=None, primary_key=True)
+    queue: str = Field(max_length=200)
+    reason: str = Field(sa_column=Column(Text, nullable=False))
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    at: float = Field(sa_column=Column(Float, nullable=False))
+
+
 runs = Run.__table__  # type: ignore[attr-defined]
 steps = Step.__table__  # type: ignore[attr-defined]
 attempts = StepAttempt.__table__  # type: ignore[attr-defined]
@@ -209,3 +227,4 @@ incidents = IncidentRow.__table__  # type: ignore[attr-defined]
 intents = Intent.__table__  # type: ignore[attr-defined]
 signals = Signal.__table__  # type: ignore[attr-defined]
 blobs = Blob.__table__  # type: ignore[attr-defined]
+dead_messages = DeadMessage.__table__  # type: ignore[attr-defined]

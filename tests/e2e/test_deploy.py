@@ -186,10 +186,12 @@ def test_compose_services_and_how_they_start() -> None:
     assert "threads" in worker["command"]
 
     flower = services["flower"]
-    assert flower["ports"] == ["${FLOWER_HOST_PORT:-5555}:5555"]
+    assert flower["ports"] == ["${PUBLISH_ADDRESS:-127.0.0.1}:${FLOWER_HOST_PORT:-5555}:5555"]
     assert flower["depends_on"] == {"redis": {"condition": "service_healthy"}}
     assert "FLEET_DATABASE_URL" not in flower["environment"], "Flower needs the broker only"
-    assert services["metrics"]["ports"] == ["${METRICS_HOST_PORT:-9808}:9808"]
+    assert services["metrics"]["ports"] == [
+        "${PUBLISH_ADDRESS:-127.0.0.1}:${METRICS_HOST_PORT:-9808}:9808"
+    ]
 
     # Only Flower and the metrics exporter publish a port; the store and broker do not.
     published = {name for name, svc in services.items() if svc.get("ports")}
@@ -202,6 +204,63 @@ def test_compose_services_and_how_they_start() -> None:
             assert env["FLEET_DATABASE_URL"].startswith("postgresql+psycopg://fleet:"), name
             assert env["FLEET_DATABASE_URL"].endswith("@postgres:5432/fleet"), name
             assert env["FLEET_LOG_FORMAT"] == "json", name
+
+
+def with_defaults(value: str) -> str:
+    """A compose value as it is with no variable set: each ``${VAR:-default}`` becomes its
+    default (a required ``${VAR:?…}`` or a bare ``${VAR}`` is left alone)."""
+    return re.sub(r"\$\{[A-Z_][A-Z0-9_]*:-([^}]*)\}", lambda m: m.group(1), value)
+
+
+def published(port: Any) -> tuple[str | None, str, str]:
+    """(host address or None for every interface, host port, container port) of one
+    ``ports`` entry, short syntax (``[IP:][HOST:]CONTAINER[/proto]``) or long."""
+    if isinstance(port, dict):
+        host_ip = port.get("host_ip")
+        return (
+            None if host_ip is None else with_defaults(str(host_ip)),
+            with_defaults(str(port.get("published", ""))),
+            str(port["target"]),
+        )
+    text = with_defaults(str(port)).split("/", 1)[0]
+    if text.startswith("["):  # [::1]:5555:5555
+        address, _, rest = text[1:].partition("]:")
+        host, _, container = rest.rpartition(":")
+        return address, host, container
+    parts = text.split(":")
+    if len(parts) == 3:
+        return parts[0], parts[1], parts[2]
+    if len(parts) == 2:
+        return None, parts[0], parts[1]
+    return None, "", parts[0]
+
+
+def test_published_ports_parse_as_compose_reads_them() -> None:
+    assert published("5555") == (None, "", "5555")
+    assert published("5555:5555") == (None, "5555", "5555")
+    assert published("${PUBLISH_ADDRESS:-127.0.0.1}:${P:-1}:2/tcp") == ("127.0.0.1", "1", "2")
+    assert published("[::1]:5555:5555") == ("::1", "5555", "5555")
+    assert published({"target": 80, "published": "8080"}) == (None, "8080", "80")
+    assert published({"target": 80, "host_ip": "127.0.0.1"})[0] == "127.0.0.1"
+
+
+def test_operator_ports_are_published_on_loopback_only_by_default() -> None:
+    """Issue 13, exposure by default: with no variable set, no service of the compose
+    file publishes a port on any interface but the host's loopback (Flower's /metrics
+    and the exporter answer without a login; Postgres and Redis must not be reachable)."""
+    services = load_compose()["services"]
+    exposed = {
+        name: port
+        for name, svc in services.items()
+        for port in svc.get("ports", [])
+        if published(port)[0] not in ("127.0.0.1", "::1")
+    }
+    assert not exposed, f"published beyond loopback by default: {exposed}"
+    assert {name for name, svc in services.items() if svc.get("ports")} == {"flower", "metrics"}
+    # Every service listens on loopback only unless the operator says otherwise, in one place.
+    for name in ("flower", "metrics"):
+        for port in services[name]["ports"]:
+            assert str(port).startswith("${PUBLISH_ADDRESS:-127.0.0.1}:"), (name, port)
 
 
 def seconds(duration: str) -> float:
@@ -522,6 +581,17 @@ def test_deployed_commands_cover_every_process() -> None:
         ["celery", "-A"],
     ):
         assert expected in commands, expected
+
+
+def test_the_containerised_exporter_listens_beyond_its_own_loopback() -> None:
+    """`fleet metrics` binds 127.0.0.1 unless told otherwise; inside a container that
+    loopback is the container's own, where neither the published port nor Prometheus
+    reaches it. The deployments say `--address 0.0.0.0`; what is exposed beyond the
+    container is the compose port (on PUBLISH_ADDRESS) or the Service's."""
+    exporters = [argv for argv in deployed_commands().values() if argv[:2] == ["fleet", "metrics"]]
+    assert exporters
+    for argv in exporters:
+        assert "--address" in argv and argv[argv.index("--address") + 1] == "0.0.0.0", argv
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -132,6 +133,7 @@ class Stack:
     flower: Flower
     worker: FleetProcess
     worker_name: str
+    env: dict[str, str]
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +172,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             workdir,
         )
         flower.wait_ready()
-        yield Stack(flower, worker, worker_name)
+        yield Stack(flower, worker, worker_name, env)
     finally:
         if flower is not None:
             flower.stop()
@@ -199,17 +201,29 @@ def test_metrics_are_prometheus_text(stack: Stack) -> None:
 
 
 def test_workers_api_lists_the_running_worker(stack: Stack) -> None:
-    def listed() -> str | None:
+    def described() -> str | None:
+        # A refresh broadcasts one inspect call per figure and keeps the replies that
+        # came within Flower's inspect_timeout: a slow reply is missing from one refresh
+        # and present in a later one, so poll until the worker is fully described.
         response = get(stack.flower.url + "/api/workers?refresh=1", auth=(USER, PASSWORD))
         if response.status != 200:
             return None
-        return next((w for w in response.json() if w.startswith(stack.worker_name + "@")), None)
+        workers = response.json()
+        hostname = next((w for w in workers if w.startswith(stack.worker_name + "@")), None)
+        if hostname is None:
+            return None
+        info = workers[hostname]
+        queues = [q["name"] for q in info.get("active_queues") or []]
+        return hostname if "fleet" in queues and "fleet.execute" in (
+            info.get("registered") or []
+        ) else None
 
-    hostname = poll(listed, 30, f"Flower's /api/workers to list {stack.worker_name}", 0.5)
-    info = get(stack.flower.url + "/api/workers", auth=(USER, PASSWORD)).json()[hostname]
-    queues = [q["name"] for q in info.get("active_queues", [])]
-    assert "fleet" in queues, info.get("active_queues")
-    assert "fleet.execute" in info.get("registered", []), info.get("registered")
+    hostname = poll(
+        described,
+        30,
+        f"Flower's /api/workers to list {stack.worker_name} with its queues and tasks",
+        0.5,
+    )
 
     # The worker's heartbeats reach Flower's events, and its Prometheus gauge says online.
     online = f'flower_worker_online{{worker="{hostname}"}} 1.0'
@@ -221,14 +235,70 @@ def test_workers_api_lists_the_running_worker(stack: Stack) -> None:
     )
 
 
+TASK_LABEL = re.compile(r'\btask="([^"]*)"')
+
+
+def test_metrics_carry_no_series_per_run_or_step_id(stack: Stack) -> None:
+    """Issue 13, exposure: task names (Flower's ``task`` label) are shadow names, and
+    they used to hold the run id (``advance:<run id>``) and the step id
+    (``chain.work#3``): one set of series per run, growing without bound. Now the
+    labels name the queue and the step, so more runs add no series."""
+    from fleet import Settings
+    from tests import flows
+
+    client = flows.fleet.with_settings(Settings.from_env(stack.env))
+    try:
+        marker = uuid.uuid4().hex[:10]
+        runs = [client.enqueue("chain", 3, run_id=f"metrics-{marker}-{i}") for i in range(4)]
+        for run in runs:
+            assert run.wait(timeout=60) == 0 + 1 + 4
+    finally:
+        client.runtime.db.dispose()
+
+    def settled() -> str | None:
+        body = get(stack.flower.url + "/metrics").body
+        # Each run's first step came as a message (the next ones ran inline, in the
+        # same task): four step tasks reached Flower.
+        runtime = re.search(
+            r'flower_task_runtime_seconds_count\{task="chain\.work",[^}]*\} (\d+)', body
+        )
+        return body if runtime and float(runtime.group(1)) >= len(runs) else None
+
+    body = poll(settled, 30, "Flower's /metrics to count the runs' step tasks", 0.5)
+    assert marker not in body, [line for line in body.splitlines() if marker in line][:5]
+    tasks = set(TASK_LABEL.findall(body))
+    assert "chain.work" in tasks, tasks
+    assert not [t for t in tasks if "#" in t], f"a step id in a task label: {tasks}"
+    advances = {t for t in tasks if t.startswith("advance:")}
+    assert advances == {"advance:fleet.chain.v1"}, advances
+
+
 @pytest.mark.parametrize(
     ("auth", "needle"),
     [
         (None, "FLOWER_BASIC_AUTH is not set"),
         ("", "FLOWER_BASIC_AUTH is not set"),
         ("no-colon-here", "FLOWER_BASIC_AUTH must be user:password"),
+        # Issue 13 item 6: empty entries used to be dropped, so "," left Flower with no
+        # credential at all and it served every page openly.
+        (",", "FLOWER_BASIC_AUTH must be user:password"),
+        (" , ,", "FLOWER_BASIC_AUTH must be user:password"),
+        (f"{USER}:{PASSWORD},", "FLOWER_BASIC_AUTH must be user:password"),
+        (f":{PASSWORD}", "FLOWER_BASIC_AUTH must be user:password"),
+        (f"{USER}:", "FLOWER_BASIC_AUTH must be user:password"),
+        (f"{USER}: ", "FLOWER_BASIC_AUTH must be user:password"),
     ],
-    ids=["unset", "empty", "malformed"],
+    ids=[
+        "unset",
+        "empty",
+        "malformed",
+        "only-a-comma",
+        "only-commas-and-blanks",
+        "trailing-comma",
+        "empty-user",
+        "empty-password",
+        "blank-password",
+    ],
 )
 def test_flower_refuses_to_start_without_basic_auth(
     tmp_path: Path, auth: str | None, needle: str

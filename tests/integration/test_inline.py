@@ -10,7 +10,7 @@ from tests.harness import Backend, Cluster, executions, poll
 
 def _received_lines(cluster: Cluster) -> list[str]:
     """The step messages the workers took from the broker: Celery logs each one under
-    its shadow name (``workflow.step#n``); run wake-ups show as ``advance:<run>``."""
+    its shadow name (``workflow.step_name``); run wake-ups show as ``advance:<queue>``."""
     return [
         line
         for p in cluster.procs

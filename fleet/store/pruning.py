@@ -1,0 +1,169 @@
+"""What retention may delete, as SQL: the rule for a prunable run, the rows that belong
+to it, and the blobs they reference. Reads only; the deletes are the ledger's
+(``Ledger.prune_runs`` and ``Ledger.prune_blobs``), which re-check these conditions in
+their own statements.
+
+Blobs are collected by a walk over fleet_blobs, not from the rows a prune deleted: a
+blob nothing references and not stored for ``grace`` seconds goes, whichever run (or
+failed writer) left it behind.
+
+A run is prunable when it has finished (succeeded, failed or cancelled) before the
+cutoff, unless it failed with a dead letter not yet replayed: replaying that letter
+resumes the run, so it is still actionable and is kept (``fleet dlq list`` shows it). A
+succeeded or cancelled run's outstanding dead letters cannot be replayed and go with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import and_, exists, func, literal, not_, or_, select
+from sqlalchemy.engine import Connection
+
+from fleet.states import RunStatus
+from fleet.store.engine import Database, db_now
+from fleet.store.schema import (
+    attempts,
+    blobs,
+    dead_letters,
+    incidents,
+    intents,
+    runs,
+    signals,
+    steps,
+)
+
+FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+BLOB_PREFIX = "blob:"  # fleet.payloads.BLOB: how a row references a stored blob
+
+# The tables whose rows belong to a run (deleted with it), children before the run row
+# (fleet_steps has a foreign key to fleet_runs). Incidents have no index on run_id: their
+# delete scans the table, once per batch.
+CHILDREN = (attempts, intents, signals, dead_letters, incidents, steps)
+
+# Every column that may hold a ``blob:<sha256>`` reference, with its run id column.
+BLOB_COLUMNS = (
+    (runs.c.args, runs.c.id),
+    (runs.c.result, runs.c.id),
+    (steps.c.input, steps.c.run_id),
+    (steps.c.output, steps.c.run_id),
+    (signals.c.payload, signals.c.run_id),
+    (dead_letters.c.input, dead_letters.c.run_id),
+)
+
+
+def outstanding_dead_letter() -> Any:
+    """The run (``fleet_runs`` in the enclosing query) has a dead letter not replayed."""
+    return exists().where(dead_letters.c.run_id == runs.c.id, dead_letters.c.replayed_at.is_(None))
+
+
+def prunable(cutoff: float) -> Any:
+    """A ``fleet_runs`` row retention may delete: finished before ``cutoff`` (seconds on
+    the store's clock), and not a failed run whose dead letter may still be replayed."""
+    return and_(
+        runs.c.status.in_([s.value for s in FINISHED]),
+        runs.c.finished_at < cutoff,
+        or_(runs.c.status != RunStatus.FAILED, not_(outstanding_dead_letter())),
+    )
+
+
+def blob_reference() -> Any:
+    """``'blob:' || fleet_blobs.digest``: how a row refers to the blob of the outer query."""
+    return literal(BLOB_PREFIX) + blobs.c.digest
+
+
+def referenced(spared_cutoff: float | None = None) -> list[Any]:
+    """One EXISTS per reference column: some row refers to the blob of the outer query.
+    With ``spared_cutoff``, rows of runs prunable at that cutoff do not count (what a
+    dry run asks: would the blob still be referenced once they are gone?)."""
+    found = []
+    for column, run_id in BLOB_COLUMNS:
+        where = [column == blob_reference()]
+        if spared_cutoff is not None:
+            if column.table is runs:
+                where.append(not_(prunable(spared_cutoff)))
+            else:
+                going = select(runs.c.id).where(prunable(spared_cutoff))
+                where.append(run_id.not_in(going))
+        found.append(exists().where(*where))
+    return found
+
+
+def child_counts(conn: Connection, run_ids: Sequence[str]) -> dict[str, int]:
+    """How many rows of each child table belong to these runs."""
+    return {
+        short_name(table): int(
+            conn.execute(
+                select(func.count()).select_from(table).where(table.c.run_id.in_(list(run_ids)))
+            ).scalar_one()
+        )
+        for table in CHILDREN
+    }
+
+
+def short_name(table: Any) -> str:
+    """``fleet_dead_letters`` → ``dead_letters``: the name a prune result counts it under."""
+    return str(table.name).removeprefix("fleet_")
+
+
+def next_blobs(conn: Connection, after: str, limit: int) -> list[str]:
+    """The next ``limit`` blob digests after ``after``: a cursor over fleet_blobs."""
+    stmt = select(blobs.c.digest).where(blobs.c.digest > after).order_by(blobs.c.digest)
+    return list(conn.execute(stmt.limit(limit)).scalars())
+
+
+def stale_blob(grace: float) -> Any:
+    """The blob was last stored over ``grace`` seconds ago (``put_blob`` renews it)."""
+    return blobs.c.created_at < db_now() - grace
+
+
+class PruneReads:
+    """The reads retention needs; each in its own short transaction."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def prunable_runs(self, cutoff: float, after: str, limit: int) -> list[str]:
+        """Up to ``limit`` prunable run ids greater than ``after``, in id order (a cursor
+        that walks the table once, whatever is kept)."""
+        with self.db.begin() as conn:
+            stmt = (
+                select(runs.c.id)
+                .where(prunable(cutoff), runs.c.id > after)
+                .order_by(runs.c.id)
+                .limit(limit)
+            )
+            return list(conn.execute(stmt).scalars())
+
+    def child_counts(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """A dry run's batch: how many rows of each child table belong to these runs."""
+        with self.db.begin() as conn:
+            return child_counts(conn, run_ids)
+
+    def blobs_freed(self, after: str, limit: int, grace: float, cutoff: float) -> tuple[int, str]:
+        """A dry run's ``Ledger.prune_blobs``: of the next ``limit`` blobs after digest
+        ``after``, how many that one would delete once the runs prunable at ``cutoff`` are
+        gone. Returns the count and the last digest looked at ("" when none was left)."""
+        with self.db.begin() as conn:
+            digests = next_blobs(conn, after, limit)
+            if not digests:
+                return 0, ""
+            freed = conn.execute(
+                select(func.count()).where(
+                    blobs.c.digest.in_(digests),
+                    stale_blob(grace),
+                    *[not_(found) for found in referenced(spared_cutoff=cutoff)],
+                )
+            ).scalar_one()
+            return int(freed), digests[-1]
+
+    def kept_for_dead_letters(self, cutoff: float) -> int:
+        """Failed runs finished before ``cutoff`` kept for an outstanding dead letter."""
+        with self.db.begin() as conn:
+            stmt = select(func.count()).where(
+                runs.c.status == RunStatus.FAILED,
+                runs.c.finished_at < cutoff,
+                outstanding_dead_letter(),
+            )
+            return int(conn.execute(stmt).scalar_one())
