@@ -8,8 +8,8 @@ import secrets
 import sys
 from pathlib import Path
 
+from tests.chaos.faults import WEIGHTS, fault_dicts
 from tests.chaos.harness import ChaosConfig, run_chaos
-from tests.chaos.injector import WEIGHTS, fault_dicts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,11 @@ class Crew:
         with self._lock:
             return [p.pid for p in self.slots]
 
+    def alive(self, pid: int | None) -> bool:
+        """Whether ``pid`` is one of the crew's workers and still running."""
+        with self._lock:
+            return any(p.pid == pid and p.alive for p in self.slots)
+
     def kill(self, slot: int) -> int:
         """SIGKILL the slot's worker (its whole process group); returns its pid."""
         with self._lock:

@@ -3,8 +3,9 @@ a retry-then-succeed step and an effect against the stand-in provider.
 
 Every step body appends ``start``/``end`` lines (run, step, epoch, pid, time) to the
 file named by FLEET_CHAOS_LOG, outside the store, so the harness can count executions
-and time recoveries. Step bodies sleep FLEET_CHAOS_STEP_SECONDS (0 in the fault-free
-reference run): the output never depends on it.
+and time recoveries; the effect also a ``call`` line just before it calls the provider.
+Step bodies sleep FLEET_CHAOS_STEP_SECONDS (0 in the fault-free reference run): the
+output never depends on it.
 """
 
 from __future__ import annotations
@@ -70,7 +71,11 @@ def fetch(ctx: StepContext, acc: int) -> int:
 def charge(ctx: StepContext, body: str) -> dict[str, Any]:
     """The effect: one call to the provider under the step's idempotency key."""
     with _body(ctx):
+        checked_at = time.time()
         ctx.heartbeat()  # a zombie woken after a takeover stops here (LeaseLost)
+        # The lease was held at some moment after ``checked_at``: a freeze that lands
+        # after that and before the call leaves a zombie the check cannot stop.
+        _log(ctx, "call", checked_at=checked_at)
         return provider_apply(ctx.idempotency_key, body)
 
 

@@ -15,14 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
-
-from fleet import Fleet, Settings
-from fleet.attempt import INLINE_SECONDS
+from fleet import Settings
 from fleet.procs import SWEEPER_READY, FleetProcess, sweeper_argv
 from tests.chaos import flows
 from tests.chaos.crew import APP, Crew
 from tests.chaos.injector import Injector, Plan
+from tests.chaos.probe import StoreProbe
 from tests.chaos.report import Report, analyse
 from tests.chaos.services import PrivatePostgres, PrivateRedis
 from tests.harness import Backend, InlineBroker
@@ -41,19 +39,15 @@ class ChaosConfig:
     lease_seconds: float = 2.0
     gap: tuple[float, float] = (1.0, 3.5)
     settle: float = 240.0  # after the last fault, how long the runs have to finish
+    # A freeze lasts until a newer attempt has taken over every step body it caught;
+    # this long at most (a re-sent step may queue behind a deep backlog).
+    freeze_cap: float = 30.0
     workdir: Path | None = None
     pg_port: int = 5439
     redis_port: int = 6399
     keep: bool = False  # keep the workdir (logs) even when every check passes
     kinds: list[str] | None = None  # fault kinds to inject (default: every kind)
     extra: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def freeze_for(self) -> float:
-        """Past the lease, the sweeper's grace and a tick, and the time the re-sent step
-        may wait in the queue behind tasks running other runs' steps inline: a takeover
-        happens meanwhile."""
-        return 2 * self.lease_seconds + SWEEP_GRACE + 1.0 + INLINE_SECONDS
 
     def command(self) -> str:
         return (
@@ -98,27 +92,11 @@ def reference_outputs(jobs: list[int], folder: Path) -> dict[int, Any]:
     return {job: h.wait(timeout=0) for job, h in handles.items()}
 
 
-def _unfinished(client: Fleet) -> int | None:
-    """Runs not yet in a final state; None while the store is unreachable."""
-    try:
-        with client.runtime.db.engine.connect() as conn:
-            return int(
-                conn.execute(
-                    text(
-                        "SELECT count(*) FROM fleet_runs "
-                        "WHERE status NOT IN ('succeeded', 'failed', 'cancelled')"
-                    )
-                ).scalar_one()
-            )
-    except Exception:  # Postgres restarting: ask again
-        return None
-
-
-def _wait_for_runs(client: Fleet, injector: Injector, settle: float) -> None:
+def _wait_for_runs(probe: StoreProbe, injector: Injector, settle: float) -> None:
     """Until every run has finished, or ``settle`` seconds after the last fault."""
     settle_from: float | None = None
     while True:
-        if _unfinished(client) == 0:
+        if probe.unfinished() == 0:
             return
         if not injector.is_alive():
             settle_from = settle_from or time.monotonic()
@@ -155,7 +133,10 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
     env, provider = backend.env(), backend.provider_path
 
     def spawn(name: str, argv: list[str]) -> FleetProcess:
-        return FleetProcess(name, argv, {**env, "FLEET_WORKER_NAME": name}, workdir)
+        # PGAPPNAME names the process's Postgres sessions (the freeze looks them up).
+        return FleetProcess(
+            name, argv, {**env, "FLEET_WORKER_NAME": name, "PGAPPNAME": name}, workdir
+        )
 
     crew: Crew | None = None
     sweeper: FleetProcess | None = None
@@ -164,6 +145,7 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
         redis.start()
         client = flows.fleet.with_settings(Settings.from_env(env))
         client.upgrade_schema()
+        probe = StoreProbe(client)
         sweeper = spawn("sweeper", sweeper_argv(APP))
         crew = Crew(spawn, cfg.workers, cfg.concurrency)
         crew.wait_ready()
@@ -175,20 +157,21 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
         say(f"  {cfg.runs} runs enqueued on {cfg.workers} workers × {cfg.concurrency} threads")
         injector = Injector(
             rng,
-            Plan.draw(rng, cfg.faults, cfg.gap, cfg.freeze_for, cfg.kinds),
+            Plan.draw(rng, cfg.faults, cfg.gap, cfg.freeze_cap, cfg.kinds),
             crew,
             pg,
             redis,
             log,
+            probe,
             say,
         )
         injector.start()
-        _wait_for_runs(client, injector, cfg.settle)
+        _wait_for_runs(probe, injector, cfg.settle)
         injector.finish()
         if injector.error is not None:
             raise RuntimeError(f"the injector failed: {injector.error!r}") from injector.error
         # A run still live here gets the settle time after the last thaw, too.
-        _wait_for_runs(client, injector, cfg.settle)
+        _wait_for_runs(probe, injector, cfg.settle)
         elapsed = time.monotonic() - t0
         stopped_at = time.time()
         crew.stop()

@@ -1,47 +1,54 @@
 """The seeded fault injector: at random moments it SIGKILLs a worker (and starts a
-replacement), SIGSTOPs one past its lease and SIGCONTs it later, FLUSHALLs Redis,
-restarts Redis, and restarts Postgres. Every fault is recorded with its time."""
+replacement), freezes one with step bodies in flight until they are taken over (see
+``tests.chaos.freeze``), FLUSHALLs Redis, restarts Redis, and restarts Postgres. Every
+fault is recorded with its time."""
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tests.chaos.crew import Crew
+from tests.chaos.faults import (
+    FLUSHALL,
+    FREEZE,
+    KILL,
+    PG_RESTART,
+    REDIS_RESTART,
+    WEIGHTS,
+    Fault,
+    fault_dicts,
+)
+from tests.chaos.freeze import Freezer
+from tests.chaos.probe import StoreProbe
 from tests.chaos.services import PrivatePostgres, PrivateRedis
 
-KILL, FREEZE, FLUSHALL, REDIS_RESTART, PG_RESTART = (
-    "kill",
-    "freeze",
-    "flushall",
-    "redis-restart",
-    "postgres-restart",
-)
-WEIGHTS = {KILL: 40, FREEZE: 15, FLUSHALL: 15, REDIS_RESTART: 15, PG_RESTART: 15}
-
-
-@dataclass
-class Fault:
-    kind: str
-    at: float  # wall clock (time.time()), comparable with the step log
-    until: float = 0.0
-    pid: int | None = None
-    detail: str = ""
+__all__ = [
+    "FLUSHALL",
+    "FREEZE",
+    "KILL",
+    "PG_RESTART",
+    "REDIS_RESTART",
+    "WEIGHTS",
+    "Fault",
+    "Injector",
+    "Plan",
+    "fault_dicts",
+]
 
 
 @dataclass
 class Plan:
-    """``count`` faults, ``gap`` seconds apart (uniform), every kind at least once."""
+    """``count`` faults, ``gap`` seconds apart (uniform), every kind at least once; a
+    freeze lasts until its steps are taken over, ``freeze_cap`` seconds at most."""
 
     count: int
     gap: tuple[float, float]
-    freeze_for: float
+    freeze_cap: float
     kinds: list[str] = field(default_factory=list)
 
     @classmethod
@@ -50,7 +57,7 @@ class Plan:
         rng: random.Random,
         count: int,
         gap: tuple[float, float],
-        freeze_for: float,
+        freeze_cap: float,
         kinds: list[str] | None = None,
     ) -> Plan:
         """Each of ``kinds`` (default: all) once in a random order, then drawn by weight."""
@@ -62,23 +69,7 @@ class Plan:
         rng.shuffle(everyone)
         weights = [WEIGHTS[k] for k in chosen]
         rest = rng.choices(chosen, weights=weights, k=max(0, count - len(everyone)))
-        return cls(count, gap, freeze_for, (everyone + rest)[:count])
-
-
-def in_flight(log: Path, pid: int) -> list[dict[str, Any]]:
-    """Step bodies ``pid`` has started and not ended, from the step log."""
-    open_: dict[tuple[str, str, int], dict[str, Any]] = {}
-    if log.exists():
-        for line in log.read_text().splitlines():
-            e = json.loads(line)
-            if e["pid"] != pid:
-                continue
-            key = (e["run"], e["step"], e["epoch"])
-            if e["event"] == "start":
-                open_[key] = e
-            else:
-                open_.pop(key, None)
-    return list(open_.values())
+        return cls(count, gap, freeze_cap, (everyone + rest)[:count])
 
 
 class Injector(threading.Thread):
@@ -90,22 +81,16 @@ class Injector(threading.Thread):
         pg: PrivatePostgres,
         redis: PrivateRedis,
         log: Path,
+        probe: StoreProbe,
         say: Callable[[str], None] = print,
     ) -> None:
         super().__init__(name="fault-injector", daemon=True)
-        self.rng, self.plan, self.crew, self.pg, self.redis, self.log = (
-            rng,
-            plan,
-            crew,
-            pg,
-            redis,
-            log,
-        )
+        self.rng, self.plan, self.crew, self.pg, self.redis = rng, plan, crew, pg, redis
         self.say = say
+        self.freezer = Freezer(crew, log, probe, rng, plan.freeze_cap, say)
         self.faults: list[Fault] = []
         self.done = threading.Event()  # set by the harness when every run has finished
         self.error: BaseException | None = None
-        self._thaws: list[threading.Timer] = []
 
     def run(self) -> None:
         try:
@@ -119,13 +104,10 @@ class Injector(threading.Thread):
             self.error = exc
 
     def finish(self) -> None:
-        """Stop injecting and thaw whatever is still frozen."""
+        """Stop injecting; continue whatever is frozen and let its zombies write."""
         self.done.set()
         self.join(timeout=120)
-        for timer in self._thaws:
-            timer.cancel()
-        for slot in list(self.crew.frozen):
-            self.crew.thaw(slot)
+        self.freezer.finish()
 
     def _slot(self) -> int:
         free = [i for i in range(len(self.crew.slots)) if i not in self.crew.frozen]
@@ -141,33 +123,7 @@ class Injector(threading.Thread):
         return Fault(KILL, at, time.time(), pid, f"worker pid {pid} killed; pid {new} started")
 
     def _freeze(self) -> Fault:
-        # One worker frozen at a time: the others must be free to take its steps over,
-        # or no takeover (and no zombie write to fence) can happen while it sleeps.
-        deadline = time.monotonic() + self.plan.freeze_for + 10.0
-        while self.crew.frozen and time.monotonic() < deadline:
-            if self.done.wait(0.1):
-                break
-        busy = [
-            i
-            for i, p in enumerate(self.crew.slots)
-            if i not in self.crew.frozen and in_flight(self.log, p.pid)
-        ]
-        slot = self.rng.choice(busy) if busy else self._slot()
-        at = time.time()
-        pid = self.crew.freeze(slot)
-        timer = threading.Timer(self.plan.freeze_for, self.crew.thaw, args=(slot,))
-        timer.daemon = True
-        timer.start()
-        self._thaws.append(timer)
-        steps = len(in_flight(self.log, pid))
-        return Fault(
-            FREEZE,
-            at,
-            at + self.plan.freeze_for,
-            pid,
-            f"worker pid {pid} frozen for {self.plan.freeze_for:.1f}s "
-            f"with {steps} step(s) in flight",
-        )
+        return self.freezer.strike(self.done)
 
     def _flushall(self) -> Fault:
         at = time.time()
@@ -185,7 +141,3 @@ class Injector(threading.Thread):
         self.pg.restart()
         until = time.time()
         return Fault(PG_RESTART, at, until, None, f"Postgres restarted in {until - at:.1f}s")
-
-
-def fault_dicts(faults: list[Fault]) -> list[dict[str, Any]]:
-    return [asdict(f) for f in faults]

@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import text
 
 from fleet import Fleet
-from tests.chaos.injector import KILL, PG_RESTART, Fault
+from tests.chaos.faults import FREEZE, KILL, PG_RESTART, Body, Fault
+from tests.chaos.probe import UNREPORTED, StoreProbe
 from tests.provider import provider_calls
 
 # The retry-then-succeed step runs twice by design; every other step once.
@@ -34,9 +35,16 @@ class Report:
     stale_expected_fenced: int = 0  # …whose process lived on to try the commit
     stale_excused: Counter[str] = field(default_factory=Counter)  # …and why the others not
     takeovers: int = 0
+    # Step bodies a freeze caught and a newer attempt took over before the thaw: each
+    # zombie's write must be fenced (or never made, if its process died first).
+    zombies: int = 0
+    zombies_fenced: int = 0
+    zombies_silent: int = 0  # never wrote: killed, or the store was restarting
+    zombies_through: list[str] = field(default_factory=list)  # written, not fenced
     steps_executed: int = 0
     re_executed: int = 0
     provider_calls: int = 0
+    zombie_calls: int = 0  # …of them by attempts frozen between lease check and call
     kill_to_restart: list[float] = field(default_factory=list)
     kills_without_step: int = 0
     seconds: float = 0.0
@@ -58,6 +66,11 @@ class Report:
             out.append(
                 f"{len(self.effect_mismatch)} run(s) whose recorded effect is not the "
                 f"provider's: {self.effect_mismatch[:5]}"
+            )
+        if self.zombies_through:
+            out.append(
+                f"{len(self.zombies_through)} write(s) of a frozen attempt after its step "
+                f"was taken over got through the fence: {self.zombies_through[:5]}"
             )
         if self.fenced_writes < self.stale_expected_fenced:
             out.append(
@@ -87,10 +100,15 @@ class Report:
             "late_finishes_that_had_to_be_fenced": self.stale_expected_fenced,
             "late_finishes_excused": dict(self.stale_excused),
             "takeovers": self.takeovers,
+            "zombies_taken_over_while_frozen": self.zombies,
+            "zombies_fenced": self.zombies_fenced,
+            "zombies_that_never_wrote": self.zombies_silent,
+            "zombie_writes_through": len(self.zombies_through),
             "steps_executed": self.steps_executed,
             "steps_re_executed": self.re_executed,
             "re_executed_per_fault": round(self.re_executed / max(1, len(self.faults)), 2),
             "provider_calls": self.provider_calls,
+            "provider_calls_by_zombies_frozen_after_their_check": self.zombie_calls,
             "kill_to_restart_s": {
                 "n": len(deltas),
                 "median": round(statistics.median(deltas), 2) if deltas else None,
@@ -109,10 +127,14 @@ class Report:
             f"  runs lost                        {f['runs_lost']}",
             f"  outputs differing from fault-free {f['outputs_differing']}",
             f"  effects applied twice            {f['effects_applied_twice']}"
-            f"  ({f['provider_calls']} provider calls)",
+            f"  ({f['provider_calls']} provider calls, {self.zombie_calls} of them by a "
+            f"zombie frozen after its lease check)",
             f"  fenced writes rejected           {f['fenced_writes_rejected']}"
             f"  ({f['late_finishes_after_takeover']} late finishes after "
             f"{f['takeovers']} takeovers; {self.stale_expected_fenced} had to be)",
+            f"  zombies fenced                   {self.zombies_fenced} of {self.zombies} "
+            f"frozen mid-step and taken over ({self.zombies_silent} never wrote, "
+            f"{len(self.zombies_through)} got through)",
             f"  steps re-executed                {f['steps_re_executed']} of "
             f"{f['steps_executed']} ({f['re_executed_per_fault']} per fault)",
             (
@@ -165,21 +187,65 @@ def analyse(
         if outputs[rid] != reference[job]:
             report.differing.append(rid)
 
-    _effects(report, outputs, steps, provider)
+    _zombies(report, client, faults)
     events = _events(log)
+    _effects(report, outputs, steps, provider, events, faults)
     _executions(report, events, steps)
     _stale(report, events, steps, faults, stopped_at)
     _recoveries(report, events, faults)
     return report
 
 
+def _zombies(report: Report, client: Fleet, faults: list[Fault]) -> None:
+    """How each attempt a freeze caught, and saw taken over before its thaw, ended in
+    the store: fenced, or never written (running or lost); anything else means its
+    write was applied after the takeover."""
+    bodies: list[Body] = [b for f in faults if f.kind == FREEZE for b in f.taken_over]
+    report.zombies = len(bodies)
+    outcomes = StoreProbe(client).outcomes(bodies)
+    if outcomes is None:
+        raise RuntimeError("the store did not answer for the frozen attempts' outcomes")
+    for (run_id, step_id, epoch), outcome in sorted(outcomes.items()):
+        if outcome == "fenced":
+            report.zombies_fenced += 1
+        elif outcome in UNREPORTED:
+            report.zombies_silent += 1
+        else:
+            report.zombies_through.append(f"{run_id} {step_id} epoch {epoch}: {outcome}")
+
+
+def _called_after_freeze(events: list[dict[str, Any]], faults: list[Fault]) -> Counter[str]:
+    """Per idempotency key, the provider calls of attempts a freeze caught after they
+    had confirmed their lease: woken after the takeover, such a zombie calls with the
+    key its successor uses too, which the key exists to absorb (effects are at least
+    once, made effectively once by the key). An attempt frozen before its check is
+    stopped by it (LeaseLost) and is not counted here."""
+    frozen_at = {tuple(b): f.at for f in faults if f.kind == FREEZE for b in f.caught}
+    out: Counter[str] = Counter()
+    for e in events:
+        at = frozen_at.get((e["run"], e["step"], e["epoch"]))
+        if e["event"] == "call" and at is not None and e["checked_at"] < at:
+            out[f"{e['run']}:{e['step']}"] += 1
+    return out
+
+
 def _effects(
-    report: Report, outputs: dict[str, Any], steps: dict[Any, Any], provider: Path
+    report: Report,
+    outputs: dict[str, Any],
+    steps: dict[Any, Any],
+    provider: Path,
+    events: list[dict[str, Any]],
+    faults: list[Fault],
 ) -> None:
+    """Each effect called once per key, besides the calls of zombies frozen between
+    their lease check and their call; and the run's recorded effect is the one the
+    provider applied."""
     calls = provider_calls(str(provider))
     report.provider_calls = len(calls)
     per_key = Counter(c["key"] for c in calls)
-    report.applied_twice = sorted(k for k, n in per_key.items() if n > 1)
+    excused = _called_after_freeze(events, faults)
+    report.zombie_calls = sum(excused.values())
+    report.applied_twice = sorted(k for k, n in per_key.items() if n - excused[k] > 1)
     applied = {c["key"]: c["body"] for c in calls if c["applied"]}
     for (rid, step_id), s in steps.items():
         if s.name != "charge" or rid not in outputs:
