@@ -9,6 +9,13 @@ import pytest
 from fleet import Fleet
 from tests.harness import Backend, Cluster, InlineBroker, client_for, make_backend
 
+# pytest-xdist gives its workers COLUMNS=80 and LINES=24; the CLI (in process, and in
+# the subprocesses that inherit them) would then cut its tables, and the ids in them, to
+# 80 columns. Output read by the tests is piped, as in a script: no terminal width.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 
 @pytest.fixture(autouse=True)
 def _clean_fleet_env(monkeypatch: pytest.MonkeyPatch) -> None:

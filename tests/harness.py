@@ -22,9 +22,13 @@ from fleet.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv,
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-# TEST_REDIS_DB lets two checkouts run the suite at once without flushing each other.
+# The suite FLUSHDBs its Redis database. TEST_REDIS_DB lets two checkouts run at once;
+# each pytest-xdist worker (gw0, gw1) takes the next database. Flower's and the deploy
+# tests keep databases of their own (11, 12).
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
-REDIS_DB = int(os.environ.get("TEST_REDIS_DB", "9"))
+REDIS_DB = int(os.environ.get("TEST_REDIS_DB", "9")) + int(
+    os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0
+)
 APP = "tests.flows"
 T = TypeVar("T")
 
