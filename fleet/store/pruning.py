@@ -38,8 +38,7 @@ FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 BLOB_PREFIX = "blob:"  # fleet.payloads.BLOB: how a row references a stored blob
 
 # The tables whose rows belong to a run (deleted with it), children before the run row
-# (fleet_steps has a foreign key to fleet_runs). Incidents have no index on run_id: their
-# delete scans the table, once per batch.
+# (fleet_steps has a foreign key to fleet_runs). Each is found by an index on run_id.
 CHILDREN = (attempts, intents, signals, dead_letters, incidents, steps)
 
 # Every column that may hold a ``blob:<sha256>`` reference, with its run id column.
