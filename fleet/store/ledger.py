@@ -40,16 +40,20 @@ from fleet.store.statements import held, run_is, step_is, takeable, within_budge
 log = logging.getLogger("fleet.ledger")
 
 
-def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> int:
-    """Insert rows, skipping any whose primary or unique key already exists."""
-    if not rows:
-        return 0
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    # One multi-row VALUES statement: values may be SQL expressions (the db clock). A
-    # single row goes as a plain VALUES, whose compiled form SQLAlchemy caches.
-    values = rows[0] if len(rows) == 1 else list(rows)
-    stmt = dialect.insert(table).values(values).on_conflict_do_nothing()
-    return conn.execute(stmt).rowcount
+def _dialect(conn: Connection) -> Any:
+    """The dialect module whose ``insert`` has ``on_conflict_do_*``."""
+    return postgresql if conn.dialect.name == "postgresql" else sqlite
+
+
+def _claimable(conn: Connection, columns: Sequence[Any], due: Any, limit: int) -> list[Any]:
+    """The keys of up to ``limit`` rows the sweeper may claim, locked for its claim.
+
+    SKIP LOCKED (Postgres; SQLite locks the whole file anyway): a row another transaction
+    holds, say a worker paused mid-commit, is passed over, not waited for, so one frozen
+    worker cannot stall every run's re-sends."""
+    table = columns[0].table
+    stmt = select(*columns).where(due).limit(limit).with_for_update(of=table, skip_locked=True)
+    return list(conn.execute(stmt).all())
 
 
 def _wake(conn: Connection, run_id: str, grace: float) -> None:
@@ -170,7 +174,7 @@ class Ledger:
         now = db_now()
         with self.db.begin() as conn:
             stmt = (
-                (postgresql if conn.dialect.name == "postgresql" else sqlite)
+                _dialect(conn)
                 .insert(runs)
                 .values(
                     id=run_id,
@@ -359,15 +363,7 @@ class Ledger:
             run_is(steps.c.run_id, RunStatus.RUNNING, RunStatus.WAITING),
         )
         with self.db.begin() as conn:
-            # SKIP LOCKED (Postgres; SQLite locks the whole file anyway): a row another
-            # transaction holds, say a worker paused mid-commit, is passed over, not waited
-            # for, so one frozen worker cannot stall every run's re-sends.
-            keys = conn.execute(
-                select(steps.c.run_id, steps.c.step_id)
-                .where(due)
-                .limit(limit)
-                .with_for_update(of=steps, skip_locked=True)
-            ).all()
+            keys = _claimable(conn, (steps.c.run_id, steps.c.step_id), due, limit)
             woken: dict[str, str] = {}
             for run_id, step_id in keys:
                 if conn.execute(
@@ -926,9 +922,10 @@ class Ledger:
         again) within its grace period, so a writer that is about to reference it is safe
         (see ``prune_blobs``)."""
         with self.db.begin() as conn:
-            dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-            stmt = dialect.insert(blobs).values(
-                digest=digest, size=len(body.encode()), body=body, created_at=db_now()
+            stmt = (
+                _dialect(conn)
+                .insert(blobs)
+                .values(digest=digest, size=len(body.encode()), body=body, created_at=db_now())
             )
             conn.execute(
                 stmt.on_conflict_do_update(
@@ -1004,15 +1001,7 @@ class Ledger:
             run_is(steps.c.run_id, RunStatus.RUNNING),
         )
         with self.db.begin() as conn:
-            # SKIP LOCKED (Postgres; SQLite locks the whole file anyway): a row another
-            # transaction holds, say a worker paused mid-commit, is passed over, not waited
-            # for, so one frozen worker cannot stall every run's re-sends.
-            keys = conn.execute(
-                select(steps.c.run_id, steps.c.step_id)
-                .where(due)
-                .limit(limit)
-                .with_for_update(of=steps, skip_locked=True)
-            ).all()
+            keys = _claimable(conn, (steps.c.run_id, steps.c.step_id), due, limit)
             claimed: list[tuple[str, str, str, str, str]] = []
             for run_id, step_id in keys:
                 row = conn.execute(
@@ -1041,13 +1030,7 @@ class Ledger:
             or_(runs.c.redispatch_at.is_(None), runs.c.redispatch_at <= now),
         )
         with self.db.begin() as conn:
-            ids = (
-                conn.execute(
-                    select(runs.c.id).where(due).limit(limit).with_for_update(skip_locked=True)
-                )
-                .scalars()
-                .all()
-            )
+            ids = [row.id for row in _claimable(conn, (runs.c.id,), due, limit)]
             claimed: list[tuple[str, str]] = []
             for run_id in ids:
                 row = conn.execute(
