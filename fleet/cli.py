@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
-import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,8 +17,9 @@ from rich.text import Text
 
 from fleet import codec
 from fleet.app import Fleet
+from fleet.cli_common import AppOpt, console, err, guard
 from fleet.cli_messages import messages_app
-from fleet.errors import BadInput, FleetError, StoreUnavailable
+from fleet.errors import BadInput
 from fleet.loader import load_fleet
 from fleet.logs import setup_logging
 from fleet.records import DeadLetterInfo
@@ -48,32 +46,6 @@ app.add_typer(db_app, name="db")
 dlq_app = typer.Typer(help="Dead-lettered steps: list, show, replay.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(messages_app, name="messages")
-
-# Piped output (scripts, CI logs) is not cut to 80 columns: ids must stay whole.
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 1000)
-
-AppOpt = Annotated[
-    str | None, typer.Option("-A", "--app", help="application module, e.g. myapp.flows")
-]
-T = TypeVar("T")
-
-
-def _guard(fn: Callable[[], T]) -> T:
-    """Run a command body, turning fleet's errors into one line and an exit code."""
-    try:
-        return fn()
-    except (BadInput, StoreUnavailable) as exc:
-        _error(exc)
-        raise typer.Exit(2) from None
-    except FleetError as exc:
-        _error(exc)
-        raise typer.Exit(1) from None
-
-
-def _error(exc: Exception) -> None:
-    # The message may quote a run id or an error from the store: text, never markup.
-    err.print(Text.assemble(("error:", "red"), " ", one_line(exc)), soft_wrap=True)
 
 
 def say(*parts: str | tuple[str, str], to: Console = console) -> None:
@@ -129,7 +101,7 @@ def demo(
     """The research agent end to end: a worker killed mid-run, the run resumed."""
     from fleet.demo import run_demo
 
-    code = _guard(
+    code = guard(
         lambda: run_demo(console, keep=keep, database_url=database_url, broker_url=broker_url)
     )
     raise typer.Exit(code)
@@ -144,8 +116,8 @@ def worker(
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
 ) -> None:
     """Start a Celery worker that advances runs and executes steps."""
-    _guard(lambda: check_worker_options(concurrency, pool, loglevel))
-    fleet = _guard(lambda: _fleet(app_, create=True))
+    guard(lambda: check_worker_options(concurrency, pool, loglevel))
+    fleet = guard(lambda: _fleet(app_, create=True))
     setup_logging(loglevel)
     argv = [
         "worker",
@@ -194,10 +166,10 @@ def sweeper(
 ) -> None:
     """Re-derive lost wake-ups, expired leases and due retries from the store."""
     if interval is not None:
-        _guard(lambda: positive(interval, "--interval"))
-    _guard(lambda: check_loglevel(loglevel))
+        guard(lambda: positive(interval, "--interval"))
+    guard(lambda: check_loglevel(loglevel))
     # Long-running like a worker: it may create the embedded store.
-    fleet = _guard(lambda: _fleet(app_, create=True))
+    fleet = guard(lambda: _fleet(app_, create=True))
     setup_logging(loglevel)
     if interval is not None:
         from dataclasses import replace
@@ -226,7 +198,7 @@ def enqueue(
         ]
         return fleet.enqueue(workflow, *values, run_id=run_id).id
 
-    print(_guard(body))
+    print(guard(body))
 
 
 @app.command()
@@ -247,7 +219,7 @@ def runs(
         ids = [r.id for r in rows]
         console.print(runs_table(rows, {r: q.usage(r) for r in ids}, q.progress(ids)))
 
-    _guard(body)
+    guard(body)
 
 
 @app.command()
@@ -299,7 +271,7 @@ def status(
             )
         return 1 if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else 0
 
-    raise typer.Exit(_guard(body))
+    raise typer.Exit(guard(body))
 
 
 @app.command()
@@ -315,7 +287,7 @@ def watch(
         handle = fleet.run(run_id)
         return follow(fleet, handle.id, timeout)
 
-    raise typer.Exit(_guard(body))
+    raise typer.Exit(guard(body))
 
 
 def follow(fleet: Fleet, run_id: str, timeout: float | None = None) -> int:
@@ -366,11 +338,11 @@ def metrics(
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
 ) -> None:
     """Serve the fleet's figures in Prometheus format, read from the store at scrape time."""
-    _guard(lambda: check_port(port))
-    _guard(lambda: check_loglevel(loglevel))
-    fleet = _guard(lambda: _fleet(app_))
+    guard(lambda: check_port(port))
+    guard(lambda: check_loglevel(loglevel))
+    fleet = guard(lambda: _fleet(app_))
     setup_logging(loglevel)
-    server = _guard(lambda: _serve_metrics(fleet, address, port))
+    server = guard(lambda: _serve_metrics(fleet, address, port))
     logging.getLogger("fleet.metrics").info("serving /metrics on %s:%d", address, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -414,7 +386,7 @@ def signal_(
         _fleet(app_).signal(run_id, name, payload)
         say(f"signal {name!r} sent to run {run_id}")
 
-    _guard(body)
+    guard(body)
 
 
 @app.command()
@@ -451,7 +423,7 @@ def resolve(
             )
         say(f"step {step_id} of run {run_id} resolved; the run goes on")
 
-    _guard(body)
+    guard(body)
 
 
 def parse_budget(raw: str) -> dict[str, Any]:
@@ -486,7 +458,7 @@ def cancel(
         say(f"run {run_id} had already ended; nothing changed", to=err)
         return 1
 
-    raise typer.Exit(_guard(body))
+    raise typer.Exit(guard(body))
 
 
 @db_app.command("upgrade")
@@ -498,7 +470,7 @@ def db_upgrade(app_: AppOpt = None) -> None:
         fleet.upgrade_schema()
         console.print("schema is up to date")
 
-    _guard(body)
+    guard(body)
 
 
 @dlq_app.command("list")
@@ -509,7 +481,7 @@ def dlq_list(
     app_: AppOpt = None,
 ) -> None:
     """A table of dead letters, oldest first."""
-    _guard(
+    guard(
         lambda: console.print(
             dead_letters_table(_fleet(app_).dead_letters(run, workflow, replayed))
         )
@@ -529,7 +501,7 @@ def dlq_show(letter_id: int, app_: AppOpt = None) -> None:
             dead_letter_view(DeadLetterInfo.from_row(letter, fleet.runtime.payloads.load))
         )
 
-    _guard(body)
+    guard(body)
 
 
 @dlq_app.command("replay")
@@ -568,7 +540,7 @@ def dlq_replay(
             say(f"replayed dead letter {letter.id} ({letter.run_id} {letter.step_id})")
         say(f"{len(letters)} dead letter(s) replayed")
 
-    _guard(body)
+    guard(body)
 
 
 # --- retention ------------------------------------------------------------------------
@@ -610,7 +582,7 @@ def prune(
         if dry_run:
             say("dry run: nothing was deleted")
 
-    _guard(body)
+    guard(body)
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -3,8 +3,8 @@ fleet.envelope): list them, show one, purge them.
 
 The rule: a dead message is hostile input. Every stored value is printed as plain
 text, never as Rich markup (a body may hold ``[/]``), and control characters shown
-escaped. Errors are one line and exit 2, as everywhere in the CLI (fleet/cli.py adds
-this sub-app; it cannot import the CLI's helpers without an import cycle).
+escaped. Errors are one line and exit 2, as everywhere in the CLI (fleet.cli_common's
+guard; fleet/cli.py adds this sub-app).
 """
 
 from __future__ import annotations
@@ -12,51 +12,26 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
-import sys
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from fleet.cli_common import AppOpt, console, guard
 from fleet.envelope import DeadMessageInfo
-from fleet.errors import BadInput, FleetError, StoreUnavailable
+from fleet.errors import BadInput
 from fleet.loader import load_fleet
-from fleet.render import ago, one_line, plain
+from fleet.render import ago, clip, one_line, plain
 
 messages_app = typer.Typer(
     help="Broker messages workers refused and set aside: list, show, purge.",
     no_args_is_help=True,
 )
 
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 1000)
-
-AppOpt = Annotated[
-    str | None, typer.Option("-A", "--app", help="application module, e.g. myapp.flows")
-]
-T = TypeVar("T")
 # Ids are a 32-bit integer column on Postgres.
 MAX_ID = 2**31 - 1
-
-
-def _guard(fn: Callable[[], T]) -> T:
-    """As fleet.cli's: fleet's errors become one line and an exit code."""
-    try:
-        return fn()
-    except (BadInput, StoreUnavailable) as exc:
-        err.print(Text.assemble(("error:", "red"), " ", one_line(exc)), soft_wrap=True)
-        raise typer.Exit(2) from None
-    except FleetError as exc:
-        err.print(Text.assemble(("error:", "red"), " ", one_line(exc)), soft_wrap=True)
-        raise typer.Exit(1) from None
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def messages_table(rows: list[DeadMessageInfo]) -> Table:
@@ -68,8 +43,8 @@ def messages_table(rows: list[DeadMessageInfo]) -> Table:
             str(m.id),
             plain(m.queue),
             ago(m.at),
-            plain(one_line(_clip(m.reason, 120))),
-            plain(one_line(_clip(m.body, 80))),
+            plain(one_line(clip(m.reason, 120))),
+            plain(one_line(clip(m.body, 80))),
         )
     return table
 
@@ -118,7 +93,7 @@ def list_(
         rows = fleet.dead_messages(limit=limit)
         console.print(messages_table(rows))
 
-    _guard(body)
+    guard(body)
 
 
 @messages_app.command("show")
@@ -136,7 +111,7 @@ def show(message_id: int, app_: AppOpt = None) -> None:
         # soft_wrap: the raw message stays as it was, not cut into lines.
         console.print(message_view(DeadMessageInfo.from_row(row)), soft_wrap=True)
 
-    _guard(body)
+    guard(body)
 
 
 @messages_app.command("purge")
@@ -154,4 +129,4 @@ def purge(
         purged = fleet.purge_dead_messages(None if all_ else list(message_ids or []))
         console.print(Text(f"{purged} dead message(s) purged"))
 
-    _guard(body)
+    guard(body)
