@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -192,18 +193,26 @@ def _check_headers(headers: Any) -> str:
     return str(headers["task"])
 
 
-def _check_body(task: str, body: Any) -> None:
-    if not (isinstance(body, list) and len(body) == 3):
-        raise Malformed(f"body is not [args, kwargs, embed]: {_show(body)}")
-    args, kwargs, embed = body
+def check_ids(task: str, args: Sequence[Any]) -> None:
+    """Raise ``Malformed`` unless ``args`` are the ids ``task`` takes: the right number,
+    each a non-empty printable string within the store's limit for it."""
     limits = TASK_IDS[task]
-    if not isinstance(args, list) or len(args) != len(limits):
+    if len(args) != len(limits):
         raise Malformed(f"{task} takes {len(limits)} id(s), got {_show(args)}")
     for arg, limit in zip(args, limits, strict=True):
         if not isinstance(arg, str) or not arg or not arg.isprintable():
             raise Malformed(f"{task} argument {_show(arg)} is not a printable id")
         if len(arg) > limit:
             raise Malformed(f"{task} id of {len(arg)} characters (at most {limit}): {_show(arg)}")
+
+
+def _check_body(task: str, body: Any) -> None:
+    if not (isinstance(body, list) and len(body) == 3):
+        raise Malformed(f"body is not [args, kwargs, embed]: {_show(body)}")
+    args, kwargs, embed = body
+    if not isinstance(args, list):
+        raise Malformed(f"{task} takes a list of ids, got {_show(args)}")
+    check_ids(task, args)
     if kwargs != {}:
         raise Malformed(f"{task} takes no keyword arguments, got {_show(kwargs)}")
     # Celery's own embed: callbacks, errbacks, chain and chord, all empty for fleet.

@@ -12,7 +12,7 @@ from celery.signals import celeryd_after_setup, worker_shutting_down
 
 from fleet.attempt import release_leases, run_steps, stopping
 from fleet.dispatch import ADVANCE, EXECUTE
-from fleet.envelope import TASK_IDS, one_line
+from fleet.envelope import Malformed, check_ids, one_line
 from fleet.replay import advance
 from fleet.runtime import Runtime
 from fleet.states import Incident
@@ -24,11 +24,9 @@ def _ids(args: tuple[Any, ...], task: str) -> tuple[str, ...] | None:
     """The ids a task was sent, or None. The broker's channels have checked this before
     Celery saw the message (fleet.envelope); a task called some other way is checked
     here, by the same limits."""
-    limits = TASK_IDS[task]
-    if len(args) != len(limits) or not all(
-        isinstance(a, str) and 0 < len(a) <= limit and a.isprintable()
-        for a, limit in zip(args, limits, strict=True)
-    ):
+    try:
+        check_ids(task, args)
+    except Malformed:
         return None
     return tuple(args)
 

@@ -138,3 +138,17 @@ def test_one_line_and_as_text_hold_any_bytes() -> None:
     for _ in range(100_000):
         deep = [deep]
     assert as_text(deep)  # too deep for JSON: still some text
+
+
+def test_a_task_called_without_the_broker_check_refuses_the_same_ids() -> None:
+    """``fleet.tasks`` checks the ids again for a task called some other way (eagerly, or
+    through a transport that is not fleet's), by the envelope's own rule."""
+    from fleet.dispatch import ADVANCE, EXECUTE
+    from fleet.envelope import MAX_RUN_ID, MAX_STEP_ID
+    from fleet.tasks import _ids
+
+    longest = ("r" * MAX_RUN_ID, "s" * MAX_STEP_ID)
+    assert _ids(longest, EXECUTE) == longest
+    for bad in [(), ("r", "s"), ("",), (5,), ("r\x00",), ("r" * (MAX_RUN_ID + 1),)]:
+        assert _ids(bad, ADVANCE) is None, bad
+    assert _ids(("r", "s" * (MAX_STEP_ID + 1)), EXECUTE) is None
