@@ -204,7 +204,11 @@ def test_the_broker_folder_deleted_under_a_running_worker(
         assert path.stat().st_mode & 0o777 == 0o700, f"{path} is readable by its owner only"
     worker = cluster.worker("w1")
     assert_still_working(client, worker)
-    shutil.rmtree(folder)
+    # Moved away in one step, then deleted: a plain rmtree races the worker, which
+    # recreates what it needs while the tree is being walked.
+    gone = folder.with_name("broker.deleted")
+    folder.rename(gone)
+    shutil.rmtree(gone)
     poll(lambda: (folder / "queue").is_dir(), 10, "the worker to create the folder again")
     assert folder.stat().st_mode & 0o777 == 0o700
     assert_still_working(client, worker)
