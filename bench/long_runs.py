@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 from bench.common import save, services, spread
 from fleet import Settings
-from fleet.attempt import execute
-from fleet.replay import advance
+from fleet.worker.attempt import execute
+from fleet.worker.replay import advance
 
 MARKS = (10, 100, 1000, 2000, 5000)
 

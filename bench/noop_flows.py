@@ -7,8 +7,8 @@ the ``FLEET_*`` environment like any fleet application."""
 from __future__ import annotations
 
 from fleet import Fleet
-from fleet.attempt import StepContext
-from fleet.replay import WorkflowContext
+from fleet.worker.attempt import StepContext
+from fleet.worker.replay import WorkflowContext
 
 fleet = Fleet("bench")
 

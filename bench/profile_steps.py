@@ -35,8 +35,8 @@ from sqlalchemy.pool import Pool
 from bench.common import delta, services, settled_pg_counters
 from bench.drivers import database_name
 from fleet import Fleet, Settings
-from fleet.attempt import execute
-from fleet.replay import advance
+from fleet.worker.attempt import execute
+from fleet.worker.replay import advance
 
 
 @dataclass
@@ -153,7 +153,7 @@ def _deliver(
 
 def _meter_heartbeat(meter: Meter) -> None:
     """An attempt registers its heartbeat and leaves it once per attempt: time that too."""
-    from fleet import attempt
+    from fleet.worker import attempt
 
     for name in ("__enter__", "__exit__"):
         original = getattr(attempt.Heartbeat, name)

@@ -26,7 +26,7 @@ from sqlalchemy import select, text
 
 from bench.common import Services, processes, save, services, wait_until
 from fleet import Fleet, Settings
-from fleet.procs import WORKER_READY, worker_argv
+from fleet.ops.procs import WORKER_READY, worker_argv
 from fleet.store.schema import steps
 
 APP = "tests.flows"

@@ -2,7 +2,6 @@
 
 from fleet import _pool_patch  # noqa: F401 - first: `fleet worker --pool gevent` patches early
 from fleet.app import Fleet, RunHandle
-from fleet.attempt import LeaseLost, StepContext
 from fleet.config import Settings
 from fleet.errors import (
     BadInput,
@@ -20,8 +19,9 @@ from fleet.errors import (
 )
 from fleet.policy import RetryPolicy
 from fleet.records import DeadLetterInfo, StepInfo
-from fleet.replay import WorkflowContext
 from fleet.secrets import Secret
+from fleet.worker.attempt import LeaseLost, StepContext
+from fleet.worker.replay import WorkflowContext
 
 __all__ = [
     "BadInput",

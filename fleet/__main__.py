@@ -1,3 +1,3 @@
-from fleet.cli import main
+from fleet.ops.cli import main
 
 main()

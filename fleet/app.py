@@ -11,22 +11,23 @@ from typing import Any
 
 from celery import Celery
 
-from fleet import brokers, codec, retention
+from fleet import codec
 from fleet.config import Settings
-from fleet.dispatch import Dispatcher
-from fleet.envelope import SINK_OPTION, DeadMessageInfo
 from fleet.errors import BadInput, RunFailed, UnknownRun, WaitTimeout
 from fleet.policy import RetryPolicy
 from fleet.records import DeadLetterInfo, StepInfo
 from fleet.registry import Registry, StepDef, WorkflowDef, check_budget, check_name
-from fleet.replay import step_shadow
-from fleet.runtime import Runtime
 from fleet.states import RunStatus
 from fleet.store import migrate
 from fleet.store.engine import Database
 from fleet.store.ledger import Ledger
 from fleet.store.queries import Queries
-from fleet.tasks import register
+from fleet.worker import brokers, retention
+from fleet.worker.dispatch import Dispatcher
+from fleet.worker.envelope import SINK_OPTION, DeadMessageInfo
+from fleet.worker.replay import step_shadow
+from fleet.worker.runtime import Runtime
+from fleet.worker.tasks import register
 
 log = logging.getLogger("fleet")
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 
 from fleet import Fleet, Settings
-from fleet.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
+from fleet.ops.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -272,8 +272,8 @@ class InlineBroker:
 
     def step(self) -> None:
         """Deliver the oldest message."""
-        from fleet.attempt import execute
-        from fleet.replay import advance
+        from fleet.worker.attempt import execute
+        from fleet.worker.replay import advance
 
         task, args = self.sent.pop(0)
         if task == "fleet.advance":

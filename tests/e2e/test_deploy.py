@@ -461,7 +461,7 @@ def consumed_queues(app: str) -> list[str]:
         [
             sys.executable,
             "-c",
-            "import json, fleet.cli as cli; from fleet.loader import load_fleet; "
+            "import json, fleet.cli as cli; from fleet.ops.loader import load_fleet; "
             f"f = load_fleet({app!r}); "
             "qs = getattr(cli, 'worker_queues', lambda f: [f.settings.queue]); "
             "print(json.dumps(qs(f)))",
@@ -625,7 +625,11 @@ def test_deployed_command_is_a_real_entry_point(command: str, tmp_path: Path) ->
         # the command would (celery's --help already did, and fails on an unknown app).
         target = args[args.index("-A") + 1]
         loaded = run(
-            [sys.executable, "-c", f"from fleet.loader import load_fleet; load_fleet({target!r})"],
+            [
+                sys.executable,
+                "-c",
+                f"from fleet.ops.loader import load_fleet; load_fleet({target!r})",
+            ],
             cli_env(),
             tmp_path,
         )

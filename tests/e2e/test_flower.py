@@ -24,7 +24,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 
-from fleet.procs import WORKER_READY, FleetProcess, worker_argv
+from fleet.ops.procs import WORKER_READY, FleetProcess, worker_argv
 from tests.harness import APP, REDIS_HOST, REDIS_PORT, ROOT, poll, require_services
 
 FLOWER_CFG = ROOT / "flower.cfg"
@@ -214,9 +214,11 @@ def test_workers_api_lists_the_running_worker(stack: Stack) -> None:
             return None
         info = workers[hostname]
         queues = [q["name"] for q in info.get("active_queues") or []]
-        return hostname if "fleet" in queues and "fleet.execute" in (
-            info.get("registered") or []
-        ) else None
+        return (
+            hostname
+            if "fleet" in queues and "fleet.execute" in (info.get("registered") or [])
+            else None
+        )
 
     hostname = poll(
         described,

@@ -7,7 +7,7 @@ import signal
 
 from fleet import Fleet
 from fleet.records import saved_by_resume
-from fleet.replay import advance, step_shadow
+from fleet.worker.replay import advance, step_shadow
 from tests.e2e.test_cli import fleet_cli
 from tests.harness import Backend, Cluster, executions, find_event, poll, starts
 

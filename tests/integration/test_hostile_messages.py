@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from fleet import Fleet
-from fleet.procs import FleetProcess
+from fleet.ops.procs import FleetProcess
 from fleet.store import schema
 from tests.harness import REDIS_DB, REDIS_HOST, REDIS_PORT, Backend, Cluster, poll
 
@@ -264,7 +264,7 @@ def test_list_show_and_purge_through_the_cli(backend: Backend, client: Fleet) ->
 def test_metrics_count_dead_messages(backend: Backend, client: Fleet) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from fleet.metrics import FleetCollector
+    from fleet.ops.metrics import FleetCollector
 
     for i in range(3):
         client.runtime.ledger.set_aside_message(QUEUE, f"reason {i}", "body")

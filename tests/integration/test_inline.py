@@ -57,7 +57,7 @@ def test_a_kept_step_whose_worker_died_before_taking_it_is_sent_by_the_sweeper(
 ) -> None:
     """Invariant 1: a step kept for inline execution is never sent, so if its worker dies
     before taking it only the store knows of it; the sweeper must send it."""
-    from fleet.replay import advance
+    from fleet.worker.replay import advance
 
     run = client.enqueue("chain", 2)
     kept = advance(client.runtime, run.id, keep=True)  # records work#1, sends nothing

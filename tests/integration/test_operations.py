@@ -11,9 +11,9 @@ import urllib.request
 import pytest
 
 from fleet import Fleet, RunFailed
-from fleet.procs import FleetProcess
-from fleet.replay import advance
+from fleet.ops.procs import FleetProcess
 from fleet.store.ledger import Lease
+from fleet.worker.replay import advance
 from tests.harness import APP, Backend, Cluster, InlineBroker, find_event, poll, starts
 
 
@@ -101,7 +101,7 @@ def test_metrics_count_one_fenced_write_and_one_dead_letter(
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from fleet.metrics import FleetCollector
+    from fleet.ops.metrics import FleetCollector
 
     refusing = client.enqueue("refusing")  # one dead letter
     inline.drain()

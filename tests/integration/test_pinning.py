@@ -51,7 +51,7 @@ def test_a_v2_worker_does_not_execute_a_v1_step(
     backend: Backend, client: Fleet, cluster: Cluster
 ) -> None:
 
-    from fleet.replay import advance, step_shadow
+    from fleet.worker.replay import advance, step_shadow
 
     old = client.enqueue("pinned", "old")
     advance(client.runtime, old.id)  # v1 records stamp#1 and sends it to its own queue

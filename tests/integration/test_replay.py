@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet import Fleet, RunFailed
-from fleet.replay import advance
+from fleet.worker.replay import advance
 from tests.harness import Backend, InlineBroker, starts
 
 
@@ -33,7 +33,7 @@ def test_a_replay_runs_only_the_unfinished_step(
     inline.sent.clear()  # every message lost: a fresh replay must find work#3 itself
     advance(client.runtime, run.id)
     assert inline.sent == [], "work#3 was dispatched already; the sweeper re-sends it if lost"
-    from fleet.attempt import execute
+    from fleet.worker.attempt import execute
 
     execute(client.runtime, run.id, "work#3")
     inline.drain()

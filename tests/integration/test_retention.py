@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import select, update
 
 from fleet import Fleet
-from fleet.retention import BLOB_GRACE, PruneResult
 from fleet.states import Incident
 from fleet.store.pruning import PruneReads
 from fleet.store.schema import (
@@ -27,6 +26,7 @@ from fleet.store.schema import (
     signals,
     steps,
 )
+from fleet.worker.retention import BLOB_GRACE, PruneResult
 from tests.harness import ROOT, Backend, Cluster, InlineBroker, make_backend, poll, starts
 
 # Every table that holds rows of a run, and its run id column.

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from fleet import Fleet
-from fleet.replay import advance
-from fleet.sweeper import SweepResult, sweep_once
+from fleet.worker.replay import advance
+from fleet.worker.sweeper import SweepResult, sweep_once
 from tests.harness import Backend
 
 

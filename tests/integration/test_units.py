@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import create_engine, event
 
 from fleet import Fleet
-from fleet.attempt import execute
 from fleet.errors import StoreUnavailable
 from fleet.store.engine import Database
 from fleet.store.queries import read_snapshot
 from fleet.store.statements import HISTORY
+from fleet.worker.attempt import execute
 from tests.harness import Backend, InlineBroker, starts
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fleet import Fleet, Settings
-from fleet.envelope import (
+from fleet.worker.envelope import (
     MAX_RUN_ID,
     MAX_STEP_ID,
     Malformed,
@@ -143,9 +143,9 @@ def test_one_line_and_as_text_hold_any_bytes() -> None:
 def test_a_task_called_without_the_broker_check_refuses_the_same_ids() -> None:
     """``fleet.tasks`` checks the ids again for a task called some other way (eagerly, or
     through a transport that is not fleet's), by the envelope's own rule."""
-    from fleet.dispatch import ADVANCE, EXECUTE
-    from fleet.envelope import MAX_RUN_ID, MAX_STEP_ID
-    from fleet.tasks import _ids
+    from fleet.worker.dispatch import ADVANCE, EXECUTE
+    from fleet.worker.envelope import MAX_RUN_ID, MAX_STEP_ID
+    from fleet.worker.tasks import _ids
 
     longest = ("r" * MAX_RUN_ID, "s" * MAX_STEP_ID)
     assert _ids(longest, EXECUTE) == longest

@@ -7,8 +7,8 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-from fleet.attempt import _BEATER, Heartbeat
 from fleet.store.ledger import Lease
+from fleet.worker.attempt import _BEATER, Heartbeat
 from tests.harness import poll
 
 

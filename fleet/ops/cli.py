@@ -17,13 +17,12 @@ from rich.text import Text
 
 from fleet import codec
 from fleet.app import Fleet
-from fleet.cli_common import AppOpt, console, err, guard
-from fleet.cli_messages import messages_app
 from fleet.errors import BadInput
-from fleet.loader import load_fleet
 from fleet.logs import setup_logging
-from fleet.records import DeadLetterInfo
-from fleet.render import (
+from fleet.ops.cli_common import AppOpt, console, err, guard
+from fleet.ops.cli_messages import messages_app
+from fleet.ops.loader import load_fleet
+from fleet.ops.render import (
     as_json,
     clip,
     dead_letter_view,
@@ -32,8 +31,9 @@ from fleet.render import (
     run_view,
     runs_table,
 )
+from fleet.records import DeadLetterInfo
 from fleet.states import RunStatus
-from fleet.sweeper import run_sweeper
+from fleet.worker.sweeper import run_sweeper
 
 app = typer.Typer(
     help="fleet: durable execution for long, multi-step agent runs.",
@@ -99,7 +99,7 @@ def demo(
     ] = None,
 ) -> None:
     """The research agent end to end: a worker killed mid-run, the run resumed."""
-    from fleet.demo import run_demo
+    from fleet.ops.demo import run_demo
 
     code = guard(
         lambda: run_demo(console, keep=keep, database_url=database_url, broker_url=broker_url)
@@ -359,7 +359,7 @@ def check_port(port: int) -> None:
 def _serve_metrics(fleet: Fleet, address: str, port: int) -> Any:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from fleet.metrics import FleetCollector
+    from fleet.ops.metrics import FleetCollector
 
     registry = CollectorRegistry()
     registry.register(FleetCollector(fleet))

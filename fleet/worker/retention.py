@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, fields
 
 from fleet.errors import BadInput
-from fleet.runtime import Runtime
 from fleet.store.pruning import PruneReads
+from fleet.worker.runtime import Runtime
 
 log = logging.getLogger("fleet.retention")
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fleet.dispatch import ADVANCE, EXECUTE
 from fleet.store.schema import runs, steps
+from fleet.worker.dispatch import ADVANCE, EXECUTE
 
 # The transport option through which a channel reaches the store: a callable
 # ``(queue, reason, raw) -> id`` (``Ledger.set_aside_message``), set by ``make_celery``.

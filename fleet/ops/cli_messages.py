@@ -19,11 +19,11 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from fleet.cli_common import AppOpt, console, guard
-from fleet.envelope import DeadMessageInfo
 from fleet.errors import BadInput
-from fleet.loader import load_fleet
-from fleet.render import ago, clip, one_line, plain
+from fleet.ops.cli_common import AppOpt, console, guard
+from fleet.ops.loader import load_fleet
+from fleet.ops.render import ago, clip, one_line, plain
+from fleet.worker.envelope import DeadMessageInfo
 
 messages_app = typer.Typer(
     help="Broker messages workers refused and set aside: list, show, purge.",

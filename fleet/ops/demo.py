@@ -20,9 +20,9 @@ from rich.text import Text
 
 from fleet.app import Fleet
 from fleet.config import Settings
-from fleet.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
+from fleet.ops.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
+from fleet.ops.render import status_text
 from fleet.records import attempts_by_step, saved_by_resume
-from fleet.render import status_text
 
 APP = "tasks"
 WORKFLOW = "research_deep"

@@ -22,13 +22,13 @@ from fleet.logs import log_context
 from fleet.policy import Verdict, classify
 from fleet.records import DeadLetterInfo
 from fleet.registry import StepDef
-from fleet.replay import advance, pinned_workflow, step_shadow
-from fleet.runtime import Runtime
 from fleet.secrets import Redactor, redacting
 from fleet.states import Incident, IntentOutcome
 from fleet.store.engine import CommitUnknown
 from fleet.store.ledger import Committed, Lease, TakeRefused
 from fleet.store.queries import Snapshot
+from fleet.worker.replay import advance, pinned_workflow, step_shadow
+from fleet.worker.runtime import Runtime
 
 log = logging.getLogger("fleet.attempt")
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.config import Settings
-from fleet.dispatch import Dispatcher
-from fleet.payloads import Payloads
 from fleet.registry import Registry
 from fleet.store.engine import Database
 from fleet.store.ledger import Ledger
+from fleet.store.payloads import Payloads
 from fleet.store.queries import Queries
+from fleet.worker.dispatch import Dispatcher
 
 
 @dataclass

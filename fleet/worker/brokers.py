@@ -36,8 +36,8 @@ from typing import Any
 from kombu.transport import TRANSPORT_ALIASES, filesystem, redis
 from kombu.utils.json import dumps
 
-from fleet import envelope
-from fleet.envelope import one_line
+from fleet.worker import envelope
+from fleet.worker.envelope import one_line
 
 log = logging.getLogger("fleet.broker")
 

@@ -10,12 +10,12 @@ from typing import Any
 from celery import Celery
 from celery.signals import celeryd_after_setup, worker_shutting_down
 
-from fleet.attempt import release_leases, run_steps, stopping
-from fleet.dispatch import ADVANCE, EXECUTE
-from fleet.envelope import Malformed, check_ids, one_line
-from fleet.replay import advance
-from fleet.runtime import Runtime
 from fleet.states import Incident
+from fleet.worker.attempt import release_leases, run_steps, stopping
+from fleet.worker.dispatch import ADVANCE, EXECUTE
+from fleet.worker.envelope import Malformed, check_ids, one_line
+from fleet.worker.replay import advance
+from fleet.worker.runtime import Runtime
 
 log = logging.getLogger("fleet.tasks")
 

@@ -18,9 +18,9 @@ import threading
 from dataclasses import dataclass
 
 from fleet.errors import FleetError
-from fleet.replay import step_shadow
-from fleet.retention import RetentionSweep
-from fleet.runtime import Runtime
+from fleet.worker.replay import step_shadow
+from fleet.worker.retention import RetentionSweep
+from fleet.worker.runtime import Runtime
 
 log = logging.getLogger("fleet.sweeper")
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from fleet.errors import BadInput, FleetError, StoreUnavailable
-from fleet.render import one_line
+from fleet.ops.render import one_line
 
 # Piped output (scripts, CI logs) is not cut to 80 columns: ids must stay whole.
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)

@@ -24,11 +24,11 @@ from fleet import codec
 from fleet.errors import NonDeterminism, PayloadError, StepFailed, StoreUnavailable
 from fleet.logs import log_context
 from fleet.registry import StepDef, WorkflowDef, check_name
-from fleet.runtime import Runtime
 from fleet.secrets import Redactor, redacting
 from fleet.states import Incident, RunStatus, StepKind, StepStatus
 from fleet.store.ledger import NewStep
 from fleet.store.queries import Snapshot
+from fleet.worker.runtime import Runtime
 
 log = logging.getLogger("fleet.replay")
 
