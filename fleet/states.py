@@ -1,29 +1,21 @@
-"""Run and step statuses, mirrored by CHECK constraints in the schema.
+"""Run and step statuses, mirrored by CHECK constraints in the schema, and the
+transitions allowed between them.
 
-Allowed transitions (each one is a single conditional write in ``store.ledger``):
-
-run:   queued → running                (first advance)
-       running ⇄ waiting                (a replay stopped at wait_for/sleep | a signal or timer)
-       running → needs_decision → running   (an in-doubt effect | fleet.resolve)
-       running → succeeded | failed     (workflow returned | raised, or non-determinism)
-       failed → running                 (one of its dead letters replayed)
-       queued | running | waiting | needs_decision → cancelled
-step:  pending → running                (lease taken: epoch+1, attempts+1)
-       running → running                (lease expired, taken over: epoch+1, attempts+1)
-       running → done                   (commit WHERE epoch = held)
-       running → retry_wait → running   (due time in the store)
-       running → dead                   (cap reached or non-retryable → dead letter)
-       pending | retry_wait | running → dead   (attempt cap already spent by crashes)
-       running → in_doubt               (an effect's earlier attempt may have acted)
-       in_doubt → done | pending        (fleet.resolve: output given | retry ordered)
-       dead → pending                   (dead letter replayed)
-       running → pending                (run cancelled: lease revoked, epoch+1)
-wait steps (kind "wait": wait_for and sleep): pending → done (signal, or due time reached)
+``TRANSITIONS`` is the truth: each entry is one conditional statement in
+``fleet/store/transitions.py``, whose ``WHERE status IN (sources)`` and
+``SET status = target`` are built from the entry, and one test of the same name in
+``tests/integration/test_transitions.py``. In short: a run goes queued → running,
+waits and wakes (running ⇄ waiting), may stop for a person (needs_decision) and
+ends succeeded, failed or cancelled; a failed run comes back when one of its dead
+letters is replayed. A task step goes pending → running (a lease) → done, or into
+retry_wait, dead or in_doubt; wait steps (wait_for, sleep) go pending → done.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 
 class RunStatus(StrEnum):
@@ -95,3 +87,64 @@ class IntentOutcome(StrEnum):
     RECONCILED = "reconciled"  # the reconcile hook found it had happened
     RESOLVED = "resolved"  # a person settled it (fleet.resolve)
     SUPERSEDED = "superseded"  # retried (idempotent, reconcile said no, or resolve --retry)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One allowed status change: of a ``subject`` (a run or a step) from any of
+    ``sources`` to ``target``, made by the store statement named ``name``."""
+
+    name: str
+    subject: Literal["run", "step"]
+    sources: frozenset[str]
+    target: str
+    why: str
+
+
+def _run(name: str, sources: tuple[RunStatus, ...], target: RunStatus, why: str) -> Transition:
+    return Transition(name, "run", frozenset(sources), target, why)
+
+
+def _step(name: str, sources: tuple[StepStatus, ...], target: StepStatus, why: str) -> Transition:
+    return Transition(name, "step", frozenset(sources), target, why)
+
+
+R, S = RunStatus, StepStatus
+LIVE_RUN = (R.QUEUED, R.RUNNING, R.WAITING, R.NEEDS_DECISION)
+TAKEABLE = (S.PENDING, S.RETRY_WAIT, S.RUNNING)  # running: only once its lease expired
+
+
+def _table(*entries: Transition) -> dict[str, Transition]:
+    table = {t.name: t for t in entries}
+    if len(table) != len(entries):
+        raise ValueError("two transitions share a name")
+    return table
+
+
+TRANSITIONS: dict[str, Transition] = _table(
+    _run("start_run", (R.QUEUED,), R.RUNNING, "its first advance"),
+    _run("set_waiting", (R.RUNNING,), R.WAITING, "a replay stopped at wait_for or sleep"),
+    _run("resume_run", (R.WAITING,), R.RUNNING, "a signal or a timer"),
+    _run("succeed_run", (R.RUNNING,), R.SUCCEEDED, "the workflow returned"),
+    _run("fail_run", (R.RUNNING,), R.FAILED, "it raised, or was not deterministic"),
+    _run("cancel_run", LIVE_RUN, R.CANCELLED, "fleet cancel"),
+    _run("park_run_in_doubt", (R.RUNNING,), R.NEEDS_DECISION, "an effect in doubt"),
+    _run("park_over_budget", (R.RUNNING,), R.NEEDS_DECISION, "spend reached its budget"),
+    _run("resolve_run", (R.NEEDS_DECISION,), R.RUNNING, "fleet resolve"),
+    _run("raise_budget", (R.NEEDS_DECISION,), R.RUNNING, "a budget raised"),
+    # running stays running: a second replay of a running run's letter is harmless.
+    _run("replay_run", (R.FAILED, R.RUNNING), R.RUNNING, "a dead letter replayed"),
+    _step("take_lease", TAKEABLE, S.RUNNING, "lease taken: epoch+1, attempts+1"),
+    _step("commit_output", (S.RUNNING,), S.DONE, "committed under the epoch held"),
+    _step("schedule_retry", (S.RUNNING,), S.RETRY_WAIT, "raised; due time in the store"),
+    _step("dead_letter", (S.RUNNING,), S.DEAD, "cap reached or not retryable"),
+    _step("dead_letter_exhausted", TAKEABLE, S.DEAD, "cap already spent by crashes"),
+    _step("park_in_doubt", (S.RUNNING,), S.IN_DOUBT, "an earlier attempt may have acted"),
+    _step("resolve_done", (S.IN_DOUBT,), S.DONE, "fleet resolve with an output"),
+    _step("resolve_retry", (S.IN_DOUBT,), S.PENDING, "fleet resolve --retry"),
+    _step("replay_step", (S.DEAD,), S.PENDING, "its dead letter replayed"),
+    _step("revoke_lease", (S.RUNNING,), S.PENDING, "run cancelled: epoch+1"),
+    _step("deliver_signal", (S.PENDING,), S.DONE, "a wait_for given its signal"),
+    _step("fire_due_wait", (S.PENDING,), S.DONE, "a wait's timeout or a sleep's end"),
+)
+del R, S  # short names for the table above only

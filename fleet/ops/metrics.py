@@ -34,21 +34,21 @@ class FleetCollector(Collector):
         f = self.fleet.runtime.queries.figures(BUCKETS)
         runs = GaugeMetricFamily("fleet_runs", "Runs by status", labels=["status"])
         for status in RunStatus:
-            runs.add_metric([status.value], f["runs"].get(status.value, 0))
+            runs.add_metric([status.value], f.runs.get(status.value, 0))
         yield runs
 
-        attempts = f["attempts"]
+        attempts = f.attempts
         started = sum(attempts.values())
         for name, doc, value in (
             ("fleet_steps_started", "Step attempts started (leases taken)", started),
             ("fleet_steps_succeeded", "Step attempts that committed", attempts.get("done", 0)),
             ("fleet_steps_retried", "Step attempts that failed", attempts.get("failed", 0)),
             ("fleet_steps_lost", "Step attempts lost with their worker", attempts.get("lost", 0)),
-            ("fleet_steps_dead_lettered", "Steps dead-lettered", f["dead_letters"]),
+            ("fleet_steps_dead_lettered", "Steps dead-lettered", f.dead_letters),
         ):
             yield CounterMetricFamily(name, doc, value=value)
 
-        incidents = f["incidents"]
+        incidents = f.incidents
         for name, kind in (
             ("fleet_fenced_writes_rejected", Incident.FENCED_WRITE),
             ("fleet_duplicate_deliveries_dropped", Incident.DUPLICATE_DELIVERY),
@@ -62,12 +62,12 @@ class FleetCollector(Collector):
             )
 
         yield GaugeMetricFamily(
-            "fleet_waits_open", "wait_for and sleep steps pending", value=f["waits_open"]
+            "fleet_waits_open", "wait_for and sleep steps pending", value=f.waits_open
         )
         yield GaugeMetricFamily(
             "fleet_dead_letters_outstanding",
             "Dead letters not replayed",
-            value=f["dead_letters_outstanding"],
+            value=f.dead_letters_outstanding,
         )
         yield GaugeMetricFamily(
             "fleet_dead_messages",
@@ -75,12 +75,12 @@ class FleetCollector(Collector):
             value=self.fleet.runtime.queries.dead_message_count(),
         )
 
-        cumulative = [(str(b), n) for b, n in zip(BUCKETS, f["duration_buckets"], strict=True)]
+        cumulative = [(str(b), n) for b, n in zip(BUCKETS, f.duration_buckets, strict=True)]
         yield HistogramMetricFamily(
             "fleet_step_duration_seconds",
             "Duration of finished step attempts",
-            buckets=[*cumulative, ("+Inf", f["duration_count"])],
-            sum_value=f["duration_sum"],
+            buckets=[*cumulative, ("+Inf", f.duration_count)],
+            sum_value=f.duration_sum,
         )
 
         tokens = CounterMetricFamily(
@@ -91,7 +91,7 @@ class FleetCollector(Collector):
         cost = CounterMetricFamily(
             "fleet_cost", "Model cost recorded by steps", labels=["workflow", "model"]
         )
-        for workflow, model, tin, tout, spent in f["spend"]:
+        for workflow, model, tin, tout, spent in f.spend:
             tokens.add_metric([workflow, model, "input"], tin)
             tokens.add_metric([workflow, model, "output"], tout)
             cost.add_metric([workflow, model], spent)
@@ -101,7 +101,7 @@ class FleetCollector(Collector):
         depth = GaugeMetricFamily(
             "fleet_queue_depth", "Messages waiting in the broker", labels=["queue"]
         )
-        for queue, size in self._queue_depths(f["live_queues"]).items():
+        for queue, size in self._queue_depths(f.live_queues).items():
             depth.add_metric([queue], size)
         yield depth
 

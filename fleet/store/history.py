@@ -15,18 +15,16 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
-
-from sqlalchemy.engine import Row
 
 from fleet.states import StepStatus
+from fleet.store.rows import StepRow
 
 # Bounds: whichever is reached first evicts the least recently replayed runs.
 MAX_RUNS = 2048
 MAX_BYTES = 64 * 1024 * 1024
 
 
-def _size(row: Row[Any]) -> int:
+def _size(row: StepRow) -> int:
     """Roughly what a cached row holds: its text fields plus a fixed overhead."""
     return 512 + len(row.input or "") + len(row.output or "") + len(row.error or "")
 
@@ -37,12 +35,12 @@ class HistoryCache:
     def __init__(self, max_runs: int = MAX_RUNS, max_bytes: int = MAX_BYTES) -> None:
         self.max_runs = max_runs
         self.max_bytes = max_bytes
-        self._runs: OrderedDict[str, tuple[tuple[Row[Any], ...], int]] = OrderedDict()
+        self._runs: OrderedDict[str, tuple[tuple[StepRow, ...], int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0  # rows served from the cache, for the benchmarks
 
-    def prefix(self, run_id: str) -> tuple[Row[Any], ...]:
+    def prefix(self, run_id: str) -> tuple[StepRow, ...]:
         with self._lock:
             entry = self._runs.get(run_id)
             if entry is None:
@@ -51,7 +49,7 @@ class HistoryCache:
             self.hits += len(entry[0])
             return entry[0]
 
-    def extend(self, run_id: str, prefix: tuple[Row[Any], ...], tail: Sequence[Row[Any]]) -> None:
+    def extend(self, run_id: str, prefix: tuple[StepRow, ...], tail: Sequence[StepRow]) -> None:
         """Keep ``prefix`` plus the leading finished rows of ``tail`` (rows read after it)."""
         done = 0
         while done < len(tail) and tail[done].status == StepStatus.DONE:

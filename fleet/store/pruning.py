@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import and_, exists, func, literal, not_, or_, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from fleet.states import RunStatus
 from fleet.store.engine import Database, db_now
@@ -57,7 +58,7 @@ def outstanding_dead_letter() -> Any:
     return exists().where(dead_letters.c.run_id == runs.c.id, dead_letters.c.replayed_at.is_(None))
 
 
-def prunable(cutoff: float) -> Any:
+def prunable(cutoff: float | ColumnElement[float]) -> Any:
     """A ``fleet_runs`` row retention may delete: finished before ``cutoff`` (seconds on
     the store's clock), and not a failed run whose dead letter may still be replayed."""
     return and_(
@@ -112,7 +113,7 @@ def next_blobs(conn: Connection, after: str, limit: int) -> list[str]:
     return list(conn.execute(stmt.limit(limit)).scalars())
 
 
-def stale_blob(grace: float) -> Any:
+def stale_blob(grace: float | ColumnElement[float]) -> Any:
     """The blob was last stored over ``grace`` seconds ago (``put_blob`` renews it)."""
     return blobs.c.created_at < db_now() - grace
 

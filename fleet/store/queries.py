@@ -4,13 +4,24 @@ ledger's conditional writes re-check every condition they depend on)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection, Row
 
+from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store.engine import Database, db_now
 from fleet.store.history import HistoryCache
+from fleet.store.predicates import RUN, SEQ, STEP, step_is
+from fleet.store.rows import (
+    AttemptRow,
+    DeadLetterRow,
+    DeadMessageRow,
+    Figures,
+    IntentRow,
+    RunRow,
+    StepRow,
+)
 from fleet.store.schema import (
     attempts,
     blobs,
@@ -21,14 +32,22 @@ from fleet.store.schema import (
     runs,
     steps,
 )
-from fleet.store.statements import HISTORY, HISTORY_AFTER, RUN_ROW, STEP_ROW
+
+T = TypeVar("T", covariant=True)
+
+# A replay's reads, built once: they run once per step.
+RUN_ROW = select(runs).where(runs.c.id == RUN)
+STEP_ROW = select(steps).where(step_is(RUN, STEP))
+HISTORY = select(steps).where(steps.c.run_id == RUN).order_by(steps.c.seq)
+# The history after the rows a process has cached (see fleet/store/history.py).
+HISTORY_AFTER = HISTORY.where(steps.c.seq > SEQ)
 
 
 class Snapshot(NamedTuple):
     """A run row and its history, read in one transaction: what a replay needs."""
 
-    run: Row[Any]
-    history: Sequence[Row[Any]]
+    run: RunRow
+    history: Sequence[StepRow]
 
 
 def read_snapshot(
@@ -41,71 +60,135 @@ def read_snapshot(
         run = conn.execute(RUN_ROW, {"b_run": run_id}).first()
     if run is None:
         return None
+    return _snapshot(conn, RunRow.from_row(run), cache)
+
+
+def _snapshot(conn: Connection, run: RunRow, cache: HistoryCache) -> Snapshot:
+    run_id = run.id
     # Keyed by the run's id and creation time: retention may delete a finished run and
     # the same id be enqueued again, and the new run must never see the old one's steps.
     key = f"{run_id}\x00{run.created_at!r}"
     prefix = cache.prefix(key)
     if prefix:
-        tail = conn.execute(HISTORY_AFTER, {"b_run": run_id, "b_seq": prefix[-1].seq}).all()
+        rows = conn.execute(HISTORY_AFTER, {"b_run": run_id, "b_seq": prefix[-1].seq})
     else:
-        tail = conn.execute(HISTORY, {"b_run": run_id}).all()
+        rows = conn.execute(HISTORY, {"b_run": run_id})
+    tail = [StepRow.from_row(row) for row in rows]
     cache.extend(key, prefix, tail)
     return Snapshot(run, [*prefix, *tail])
+
+
+class _FromRow(Protocol[T]):
+    def from_row(self, row: Any) -> T: ...
+
+
+def _first(kind: _FromRow[T], result: Any) -> T | None:
+    """The first row of ``result`` as ``kind``; None when there is none."""
+    row = result.first()
+    return None if row is None else kind.from_row(row)
+
+
+# --- the metrics endpoint's figures ---------------------------------------------------
+_DEAD_LETTERS = select(
+    func.count(),
+    func.coalesce(func.sum(case((dead_letters.c.replayed_at.is_(None), 1), else_=0)), 0),
+)
+_WAITS_OPEN = select(func.count()).where(
+    steps.c.kind == StepKind.WAIT,
+    steps.c.status == StepStatus.PENDING,
+    runs.c.id == steps.c.run_id,
+    runs.c.status.in_([RunStatus.RUNNING, RunStatus.WAITING]),
+)
+_SPEND = (
+    select(
+        runs.c.workflow,
+        attempts.c.model,
+        func.sum(attempts.c.input_tokens),
+        func.sum(attempts.c.output_tokens),
+        func.sum(attempts.c.cost),
+    )
+    .where(runs.c.id == attempts.c.run_id)
+    .group_by(runs.c.workflow, attempts.c.model)
+)
+_LIVE_QUEUES = (
+    select(runs.c.queue)
+    .where(runs.c.status.in_([RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING]))
+    .distinct()
+)
+
+
+def _counts(conn: Connection, column: Any) -> dict[str, int]:
+    """Rows of ``column``'s table by its value."""
+    rows = conn.execute(select(column, func.count()).group_by(column)).all()
+    return {str(value): int(n) for value, n in rows}
+
+
+def _durations(buckets: Sequence[float]) -> Any:
+    """Finished attempts: how many took at most each bucket, how many, their sum."""
+    duration = attempts.c.finished_at - attempts.c.started_at
+    return select(
+        *[func.coalesce(func.sum(case((duration <= b, 1), else_=0)), 0) for b in buckets],
+        func.count(),
+        func.coalesce(func.sum(duration), 0.0),
+    ).where(attempts.c.finished_at.is_not(None))
 
 
 class Queries:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def run(self, run_id: str) -> Row[Any] | None:
+    def run(self, run_id: str) -> RunRow | None:
         with self.db.begin() as conn:
-            return conn.execute(RUN_ROW, {"b_run": run_id}).first()
+            return _first(RunRow, conn.execute(RUN_ROW, {"b_run": run_id}))
 
-    def run_and_step(self, run_id: str, step_id: str) -> tuple[Row[Any] | None, Row[Any] | None]:
+    def run_and_step(self, run_id: str, step_id: str) -> tuple[RunRow | None, StepRow | None]:
         """The run and one of its steps, in one transaction."""
         params = {"b_run": run_id, "b_step": step_id}
         with self.db.begin() as conn:
-            run = conn.execute(RUN_ROW, params).first()
-            step = conn.execute(STEP_ROW, params).first() if run else None
+            run = _first(RunRow, conn.execute(RUN_ROW, params))
+            step = _first(StepRow, conn.execute(STEP_ROW, params)) if run else None
             return run, step
 
     def snapshot(self, run_id: str) -> Snapshot | None:
         with self.db.begin() as conn:
             return read_snapshot(conn, run_id, self.db.history)
 
-    def runs(self, status: str | None = None, limit: int = 100) -> Sequence[Row[Any]]:
+    def runs(self, status: str | None = None, limit: int = 100) -> list[RunRow]:
         stmt = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
         if status:
             stmt = stmt.where(runs.c.status == status)
         with self.db.begin() as conn:
-            return conn.execute(stmt).all()
+            return [RunRow.from_row(row) for row in conn.execute(stmt)]
 
-    def steps(self, run_id: str) -> Sequence[Row[Any]]:
+    def steps(self, run_id: str) -> list[StepRow]:
         with self.db.begin() as conn:
-            return conn.execute(HISTORY, {"b_run": run_id}).all()
+            return [StepRow.from_row(row) for row in conn.execute(HISTORY, {"b_run": run_id})]
 
     def progress(self, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Per run: (task steps finished, task steps recorded)."""
-        finished = func.sum(case((steps.c.status.in_(["done", "dead"]), 1), else_=0))
+        finished = func.sum(
+            case((steps.c.status.in_([StepStatus.DONE, StepStatus.DEAD]), 1), else_=0)
+        )
         stmt = (
             select(steps.c.run_id, finished, func.count())
-            .where(steps.c.run_id.in_(list(run_ids)), steps.c.kind == "task")
+            .where(steps.c.run_id.in_(list(run_ids)), steps.c.kind == StepKind.TASK)
             .group_by(steps.c.run_id)
         )
         with self.db.begin() as conn:
             return {r: (int(d or 0), int(n)) for r, d, n in conn.execute(stmt).all()}
 
-    def step(self, run_id: str, step_id: str) -> Row[Any] | None:
+    def step(self, run_id: str, step_id: str) -> StepRow | None:
         with self.db.begin() as conn:
-            return conn.execute(STEP_ROW, {"b_run": run_id, "b_step": step_id}).first()
+            return _first(StepRow, conn.execute(STEP_ROW, {"b_run": run_id, "b_step": step_id}))
 
-    def attempts(self, run_id: str) -> Sequence[Row[Any]]:
+    def attempts(self, run_id: str) -> list[AttemptRow]:
+        stmt = (
+            select(attempts)
+            .where(attempts.c.run_id == run_id)
+            .order_by(attempts.c.started_at, attempts.c.epoch)
+        )
         with self.db.begin() as conn:
-            return conn.execute(
-                select(attempts)
-                .where(attempts.c.run_id == run_id)
-                .order_by(attempts.c.started_at, attempts.c.epoch)
-            ).all()
+            return [AttemptRow.from_row(row) for row in conn.execute(stmt)]
 
     def usage(self, run_id: str) -> dict[str, Any]:
         with self.db.begin() as conn:
@@ -133,31 +216,31 @@ class Queries:
         with self.db.begin() as conn:
             return {kind: int(n) for kind, n in conn.execute(stmt).all()}
 
-    def intents(self, run_id: str, step_id: str | None = None) -> Sequence[Row[Any]]:
+    def intents(self, run_id: str, step_id: str | None = None) -> list[IntentRow]:
         stmt = select(intents).where(intents.c.run_id == run_id)
         if step_id is not None:
             stmt = stmt.where(intents.c.step_id == step_id)
         with self.db.begin() as conn:
-            return conn.execute(stmt.order_by(intents.c.step_id, intents.c.epoch)).all()
+            rows = conn.execute(stmt.order_by(intents.c.step_id, intents.c.epoch))
+            return [IntentRow.from_row(row) for row in rows]
 
-    def in_doubt(self, run_id: str, step_id: str, before_epoch: int) -> Sequence[Row[Any]]:
+    def in_doubt(self, run_id: str, step_id: str, before_epoch: int) -> list[IntentRow]:
         """Intents of earlier attempts that never reported: they may have acted."""
+        stmt = select(intents).where(
+            intents.c.run_id == run_id,
+            intents.c.step_id == step_id,
+            intents.c.epoch < before_epoch,
+            intents.c.outcome == IntentOutcome.OPEN,
+        )
         with self.db.begin() as conn:
-            return conn.execute(
-                select(intents).where(
-                    intents.c.run_id == run_id,
-                    intents.c.step_id == step_id,
-                    intents.c.epoch < before_epoch,
-                    intents.c.outcome == "open",
-                )
-            ).all()
+            return [IntentRow.from_row(row) for row in conn.execute(stmt)]
 
     def dead_letters(
         self,
         run_id: str | None = None,
         workflow: str | None = None,
         include_replayed: bool = True,
-    ) -> Sequence[Row[Any]]:
+    ) -> list[DeadLetterRow]:
         stmt = select(dead_letters).order_by(dead_letters.c.id)
         if run_id is not None:
             stmt = stmt.where(dead_letters.c.run_id == run_id)
@@ -166,96 +249,39 @@ class Queries:
         if not include_replayed:
             stmt = stmt.where(dead_letters.c.replayed_at.is_(None))
         with self.db.begin() as conn:
-            return conn.execute(stmt).all()
+            return [DeadLetterRow.from_row(row) for row in conn.execute(stmt)]
 
-    def dead_letter(self, letter_id: int) -> Row[Any] | None:
+    def dead_letter(self, letter_id: int) -> DeadLetterRow | None:
+        stmt = select(dead_letters).where(dead_letters.c.id == letter_id)
         with self.db.begin() as conn:
-            return conn.execute(select(dead_letters).where(dead_letters.c.id == letter_id)).first()
+            return _first(DeadLetterRow, conn.execute(stmt))
 
     def blob(self, digest: str) -> str | None:
         with self.db.begin() as conn:
             return conn.execute(select(blobs.c.body).where(blobs.c.digest == digest)).scalar()
 
-    def figures(self, buckets: Sequence[float]) -> dict[str, Any]:
+    def figures(self, buckets: Sequence[float]) -> Figures:
         """Fleet-wide figures for the metrics endpoint, all from the store, so they are
         right however many workers there are."""
-        duration = attempts.c.finished_at - attempts.c.started_at
-        finished = attempts.c.finished_at.is_not(None)
         with self.db.begin() as conn:
-            runs_by_status: dict[str, int] = dict(
-                conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status)).all()
+            dead_total, dead_open = conn.execute(_DEAD_LETTERS).one()
+            hist = conn.execute(_durations(buckets)).one()
+            return Figures(
+                runs=_counts(conn, runs.c.status),
+                attempts=_counts(conn, attempts.c.outcome),
+                incidents=_counts(conn, incidents.c.kind),
+                dead_letters=int(dead_total),
+                dead_letters_outstanding=int(dead_open),
+                waits_open=int(conn.execute(_WAITS_OPEN).scalar_one()),
+                duration_buckets=[int(v) for v in hist[: len(buckets)]],
+                duration_count=int(hist[len(buckets)]),
+                duration_sum=float(hist[len(buckets) + 1]),
+                spend=[
+                    (w, m or "", int(i or 0), int(o or 0), float(c or 0.0))
+                    for w, m, i, o, c in conn.execute(_SPEND).all()
+                ],
+                live_queues=list(conn.execute(_LIVE_QUEUES).scalars().all()),
             )
-            outcomes: dict[str, int] = dict(
-                conn.execute(
-                    select(attempts.c.outcome, func.count()).group_by(attempts.c.outcome)
-                ).all()
-            )
-            incidents_by_kind: dict[str, int] = dict(
-                conn.execute(
-                    select(incidents.c.kind, func.count()).group_by(incidents.c.kind)
-                ).all()
-            )
-            dead_total, dead_open = conn.execute(
-                select(
-                    func.count(),
-                    func.coalesce(
-                        func.sum(case((dead_letters.c.replayed_at.is_(None), 1), else_=0)), 0
-                    ),
-                )
-            ).one()
-            waits_open = conn.execute(
-                select(func.count()).where(
-                    steps.c.kind == "wait",
-                    steps.c.status == "pending",
-                    runs.c.id == steps.c.run_id,
-                    runs.c.status.in_(["running", "waiting"]),
-                )
-            ).scalar_one()
-            hist = conn.execute(
-                select(
-                    *[
-                        func.coalesce(func.sum(case((duration <= b, 1), else_=0)), 0)
-                        for b in buckets
-                    ],
-                    func.count(),
-                    func.coalesce(func.sum(duration), 0.0),
-                ).where(finished)
-            ).one()
-            spend = conn.execute(
-                select(
-                    runs.c.workflow,
-                    attempts.c.model,
-                    func.sum(attempts.c.input_tokens),
-                    func.sum(attempts.c.output_tokens),
-                    func.sum(attempts.c.cost),
-                )
-                .where(runs.c.id == attempts.c.run_id)
-                .group_by(runs.c.workflow, attempts.c.model)
-            ).all()
-            live_queues = (
-                conn.execute(
-                    select(runs.c.queue)
-                    .where(runs.c.status.in_(["queued", "running", "waiting"]))
-                    .distinct()
-                )
-                .scalars()
-                .all()
-            )
-        return {
-            "runs": {str(k): int(v) for k, v in runs_by_status.items()},
-            "attempts": {str(k): int(v) for k, v in outcomes.items()},
-            "incidents": {str(k): int(v) for k, v in incidents_by_kind.items()},
-            "dead_letters": int(dead_total),
-            "dead_letters_outstanding": int(dead_open),
-            "waits_open": int(waits_open),
-            "duration_buckets": [int(v) for v in hist[: len(buckets)]],
-            "duration_count": int(hist[len(buckets)]),
-            "duration_sum": float(hist[len(buckets) + 1]),
-            "spend": [
-                (w, m or "", int(i or 0), int(o or 0), float(c or 0.0)) for w, m, i, o, c in spend
-            ],
-            "live_queues": list(live_queues),
-        }
 
     def now(self) -> float:
         with self.db.begin() as conn:
@@ -263,16 +289,16 @@ class Queries:
 
     # --- dead messages: broker messages that were not fleet's -------------------------
 
-    def dead_messages(self, limit: int = 100) -> Sequence[Row[Any]]:
+    def dead_messages(self, limit: int = 100) -> list[DeadMessageRow]:
         """The newest ``limit`` dead messages, newest first."""
         stmt = select(dead_messages).order_by(dead_messages.c.id.desc()).limit(limit)
         with self.db.begin() as conn:
-            return conn.execute(stmt).all()
+            return [DeadMessageRow.from_row(row) for row in conn.execute(stmt)]
 
-    def dead_message(self, message_id: int) -> Row[Any] | None:
+    def dead_message(self, message_id: int) -> DeadMessageRow | None:
         stmt = select(dead_messages).where(dead_messages.c.id == message_id)
         with self.db.begin() as conn:
-            return conn.execute(stmt).first()
+            return _first(DeadMessageRow, conn.execute(stmt))
 
     def dead_message_count(self) -> int:
         with self.db.begin() as conn:

@@ -1,0 +1,330 @@
+"""The ledger's step transitions: an attempt's lease, its end (commit, retry, dead
+letter, in doubt), a dead letter's replay, and an effect's intents.
+
+Each method opens one transaction, runs the one statement that decides (from
+``fleet/store/transitions.py``), handles its zero-rows case by name (fenced, not
+takeable and why, not replayable and why), then makes the derived writes in the same
+transaction: the attempt log, intents, incidents, the dead letter, the wake-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import and_, select
+from sqlalchemy.engine import Connection
+
+from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepStatus
+from fleet.store import derived
+from fleet.store import transitions as sql
+from fleet.store.predicates import run_is, step_is, takeable, within_budget
+from fleet.store.queries import Snapshot, read_snapshot
+from fleet.store.schema import dead_letters, steps
+from fleet.store.upkeep import Upkeep
+
+
+class TakeRefused(StrEnum):
+    """Why a lease was not taken: the zero-rows cases of ``take_lease``, named."""
+
+    UNKNOWN_STEP = "unknown_step"  # malformed or stale message
+    ALREADY_FINISHED = "already_finished"  # duplicate delivery of a done/dead step
+    LEASE_LIVE = "lease_live"  # duplicate delivery while another attempt runs
+    NOT_DUE = "not_due"  # a retry woken early; the sweeper sends it when due
+    RUN_NOT_LIVE = "run_not_live"  # the run was cancelled or has finished
+    EXHAUSTED = "exhausted"  # the attempt cap was spent by crashed attempts
+    OVER_BUDGET = "over_budget"  # the run's spend has reached its budget
+
+
+class ReplayRefused(StrEnum):
+    """Why a dead letter was not replayed: the zero-rows cases of ``replay_dead_letter``."""
+
+    NOT_FOUND = "no such dead letter"
+    ALREADY_REPLAYED = "already replayed"
+    RUN_FINISHED = "its run has succeeded or was cancelled"
+    STEP_NOT_DEAD = "its step is no longer dead"
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    step_id: str
+    epoch: int
+    attempt: int
+    name: str
+    input: str
+    took_over: bool
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What ``commit_output`` did: true when the output was recorded (false: fenced).
+    ``snapshot``, when asked for, is the run as the same transaction left it."""
+
+    applied: bool
+    snapshot: Snapshot | None = None
+
+    def __bool__(self) -> bool:
+        return self.applied
+
+
+def _key(run_id: str, step_id: str, epoch: int) -> dict[str, Any]:
+    """The parameters of a fenced statement: the step and the epoch its writer holds."""
+    return {"b_run": run_id, "b_step": step_id, "b_epoch": epoch}
+
+
+_WHY_NOT_TAKEN = select(
+    steps.c.status,
+    steps.c.attempts,
+    steps.c.max_attempts,
+    takeable(sql.now()).label("takeable"),
+    run_is(sql.RUN, RunStatus.RUNNING).label("run_live"),
+    within_budget(sql.RUN).label("within_budget"),
+).where(step_is(sql.RUN, sql.STEP))
+
+_WHY_NOT_REPLAYED = (
+    select(dead_letters.c.replayed_at, steps.c.status.label("step_status"))
+    .select_from(
+        dead_letters.join(
+            steps,
+            and_(
+                steps.c.run_id == dead_letters.c.run_id,
+                steps.c.step_id == dead_letters.c.step_id,
+            ),
+        )
+    )
+    .where(dead_letters.c.id == sql.LETTER)
+)
+
+
+class StepLedger(Upkeep):
+    """Step transitions; composed into ``fleet.store.ledger.Ledger``."""
+
+    # --- one attempt ----------------------------------------------------------
+
+    def take_lease(
+        self, run_id: str, step_id: str, owner: str, lease_seconds: float
+    ) -> Lease | TakeRefused:
+        """take_lease: pending | due retry | expired running → running, epoch+1 and
+        attempts+1 in one write, only while the run is live and the attempt cap is not
+        spent. Zero rows: why not, named (``TakeRefused``)."""
+        key = {"b_run": run_id, "b_step": step_id}
+        with self.db.begin() as conn:
+            params = {**key, "b_owner": owner, "b_lease": lease_seconds}
+            taken = conn.execute(sql.TAKE, params).first()
+            if taken is None:
+                return self._why_not_taken(conn, key)
+            epoch, attempt, name, input_ = taken
+            # Epochs only grow, so a first epoch has no earlier attempt to mark lost.
+            took_over = epoch > 1 and conn.execute(derived.MARK_LOST, key).rowcount > 0
+            opened = {**key, "b_epoch": epoch, "b_attempt": attempt, "b_owner": owner}
+            conn.execute(derived.OPEN_ATTEMPT, opened)
+            if took_over:
+                self._incident(conn, Incident.TAKEOVER, run_id, step_id, epoch, owner)
+            return Lease(run_id, step_id, epoch, attempt, name, input_, took_over)
+
+    @staticmethod
+    def _why_not_taken(conn: Connection, key: dict[str, Any]) -> TakeRefused:
+        row = conn.execute(_WHY_NOT_TAKEN, key).first()
+        if row is None:
+            return TakeRefused.UNKNOWN_STEP
+        if StepStatus(row.status).finished:
+            return TakeRefused.ALREADY_FINISHED
+        if not row.run_live:
+            return TakeRefused.RUN_NOT_LIVE
+        if row.takeable and row.attempts >= row.max_attempts:
+            return TakeRefused.EXHAUSTED
+        if row.takeable and not row.within_budget:
+            return TakeRefused.OVER_BUDGET
+        if row.status == StepStatus.RUNNING:
+            return TakeRefused.LEASE_LIVE
+        return TakeRefused.NOT_DUE
+
+    def heartbeat(self, run_id: str, step_id: str, epoch: int, lease_seconds: float) -> bool:
+        """Extend a held lease. False: the lease was lost (taken over or revoked)."""
+        with self.db.begin() as conn:
+            params = {**_key(run_id, step_id, epoch), "b_lease": lease_seconds}
+            return conn.execute(sql.RENEW, params).rowcount == 1
+
+    def release_lease(self, run_id: str, step_id: str, epoch: int) -> bool:
+        """A worker shutting down gives a held lease up: it expires now. False: it was
+        not held any more (taken over, revoked, or the step finished)."""
+        with self.db.begin() as conn:
+            return conn.execute(sql.RELEASE, _key(run_id, step_id, epoch)).rowcount == 1
+
+    def commit_output(
+        self,
+        run_id: str,
+        step_id: str,
+        epoch: int,
+        output: str,
+        *,
+        earlier_intents: IntentOutcome | None = None,
+        effect: bool = True,
+        snapshot: bool = False,
+    ) -> Committed:
+        """commit_output: running → done, only under the epoch held. Zero rows is a
+        fenced write: the lease was taken over (or revoked) since this attempt took it;
+        counted, never applied. ``effect``: the step is an effect, whose intents settle
+        with the commit (no other step writes intents). With ``snapshot``, an applied
+        commit also reads the run and its history for the replay that follows (one
+        transaction instead of two)."""
+        with self.db.begin() as conn:
+            key = _key(run_id, step_id, epoch)
+            fenced = conn.execute(sql.COMMIT, {**key, "b_output": output}).rowcount != 1
+            if fenced:
+                self._close_attempt(conn, run_id, step_id, epoch, AttemptOutcome.FENCED)
+                self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
+                return Committed(False)
+            self._close_attempt(conn, run_id, step_id, epoch, AttemptOutcome.DONE)
+            # An effect's outcome commits with its checkpoint (and with ``earlier_intents``
+            # set, the in-doubt intents of earlier attempts are settled with it).
+            if effect:
+                self._settle_intents(conn, run_id, step_id, IntentOutcome.DONE, epoch=epoch)
+            if earlier_intents is not None:
+                self._settle_intents(conn, run_id, step_id, earlier_intents, before=epoch)
+            if not snapshot:
+                self._wake(conn, run_id)
+                return Committed(True)
+            # The wake-up returns the run row the replay needs: one read fewer.
+            run = conn.execute(derived.WAKE_RETURNING, {"b_run": run_id, "b_grace": self.grace})
+            return Committed(True, read_snapshot(conn, run_id, self.db.history, run=run.first()))
+
+    def schedule_retry(
+        self, run_id: str, step_id: str, epoch: int, delay: float, error: str, *, countdown: bool
+    ) -> bool:
+        """schedule_retry: running → retry_wait with its due time in the store. False:
+        fenced. With ``countdown`` the caller sends a delayed message itself, so the
+        sweeper waits one grace period past the due time before it re-sends."""
+        with self.db.begin() as conn:
+            params = {
+                **_key(run_id, step_id, epoch),
+                "b_delay": delay,
+                "b_error": error,
+                "b_resend_after": self.grace if countdown else 0.0,
+            }
+            fenced = conn.execute(sql.SCHEDULE_RETRY, params).rowcount != 1
+            if fenced:
+                self._close_attempt(conn, run_id, step_id, epoch, AttemptOutcome.FENCED, error)
+                self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
+                return False
+            # The step raised: it reports that its effect did not happen.
+            self._settle_intents(conn, run_id, step_id, IntentOutcome.FAILED, epoch=epoch)
+            self._close_attempt(conn, run_id, step_id, epoch, AttemptOutcome.FAILED, error)
+            return True
+
+    def dead_letter(
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        epoch: int | None,
+        workflow: str,
+        error_type: str,
+        error_message: str,
+        traceback: str | None,
+    ) -> int | None:
+        """dead_letter: running → dead (``epoch`` held), or dead_letter_exhausted, with
+        ``epoch=None``: a step whose cap was spent by attempts that crashed, pending |
+        due retry | expired running → dead. The dead letter and the run's wake-up commit
+        with it. Returns the dead letter's id; None when fenced (``epoch`` given) or
+        raced (another writer settled the step first)."""
+        error = f"{error_type}: {error_message}"
+        key = {"b_run": run_id, "b_step": step_id}
+        with self.db.begin() as conn:
+            if epoch is None:
+                row = conn.execute(sql.DEAD_LETTER_EXHAUSTED, {**key, "b_error": error}).first()
+                if row is None:
+                    return None  # raced: the step was taken or settled meanwhile
+            else:
+                params = {**key, "b_epoch": epoch, "b_error": error}
+                row = conn.execute(sql.DEAD_LETTER, params).first()
+                if row is None:  # fenced
+                    self._close_attempt(conn, run_id, step_id, epoch, AttemptOutcome.FENCED, error)
+                    self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
+                    return None
+                self._close_attempt(conn, run_id, step_id, epoch, AttemptOutcome.FAILED, error)
+                self._settle_intents(conn, run_id, step_id, IntentOutcome.FAILED, epoch=epoch)
+            letter = {
+                **key,
+                "b_workflow": workflow,
+                "b_name": row.name,
+                "b_input": row.input,
+                "b_error_type": error_type,
+                "b_error_message": error_message,
+                "b_traceback": traceback,
+                "b_attempt": row.attempts,
+            }
+            letter_id = conn.execute(derived.FILE_DEAD_LETTER, letter).scalar_one()
+            self._wake(conn, run_id)
+            return int(letter_id)
+
+    def replay_dead_letter(self, letter_id: int, new_input: str | None) -> ReplayRefused | None:
+        """replay_step and replay_run: the letter is marked (kept, not deleted), the step
+        goes dead → pending with a fresh attempt budget (its epoch keeps counting up, so
+        no old lease can match again), and a failed run goes back to running. None on
+        success; otherwise why not, with nothing written.
+
+        The first statement decides, re-checking the step and the run inside its WHERE
+        clause; the two after it cannot miss, as only a replay moves a step out of dead.
+        """
+        with self.db.begin() as conn:
+            letter = conn.execute(sql.REPLAY_LETTER, {"b_letter": letter_id}).first()
+            if letter is None:
+                return self._why_not_replayed(conn, letter_id)
+            run_id, step_id = letter
+            step = {"b_run": run_id, "b_step": step_id, "b_input": new_input}
+            conn.execute(sql.REPLAY_STEP, {**step, "b_grace": self.grace})
+            conn.execute(sql.REPLAY_RUN, {"b_run": run_id})
+            return None
+
+    @staticmethod
+    def _why_not_replayed(conn: Connection, letter_id: int) -> ReplayRefused:
+        row = conn.execute(_WHY_NOT_REPLAYED, {"b_letter": letter_id}).first()
+        if row is None:
+            return ReplayRefused.NOT_FOUND
+        if row.replayed_at is not None:
+            return ReplayRefused.ALREADY_REPLAYED
+        if row.step_status != StepStatus.DEAD:
+            return ReplayRefused.STEP_NOT_DEAD
+        return ReplayRefused.RUN_FINISHED
+
+    # --- effects ------------------------------------------------------------------------
+
+    def write_intent(
+        self, run_id: str, step_id: str, epoch: int, key: str, input_hash: str
+    ) -> bool:
+        """The write-ahead intent, committed before an effect's body runs, only while the
+        lease is held. False: the lease was lost; the body must not run."""
+        with self.db.begin() as conn:
+            params = {**_key(run_id, step_id, epoch), "b_key": key, "b_input_hash": input_hash}
+            return conn.execute(derived.WRITE_INTENT, params).first() is not None
+
+    def supersede_intents(self, run_id: str, step_id: str, epoch: int) -> bool:
+        """Earlier in-doubt intents will be retried under this epoch's key (an idempotent
+        effect, or its reconcile hook said it had not happened). False: lease lost."""
+        with self.db.begin() as conn:
+            if conn.execute(derived.HELD, _key(run_id, step_id, epoch)).first() is None:
+                return False  # fenced
+            self._settle_intents(conn, run_id, step_id, IntentOutcome.SUPERSEDED, before=epoch)
+            return True
+
+    def park_in_doubt(self, run_id: str, step_id: str, epoch: int) -> bool:
+        """park_in_doubt: step running → in_doubt, and park_run_in_doubt: run running →
+        needs_decision. An earlier attempt may have acted, the step cannot ask the world,
+        and retrying would be a guess. False: fenced."""
+        with self.db.begin() as conn:
+            if conn.execute(sql.PARK_IN_DOUBT, _key(run_id, step_id, epoch)).rowcount != 1:
+                return False  # fenced
+            self._close_attempt(
+                conn,
+                run_id,
+                step_id,
+                epoch,
+                AttemptOutcome.FAILED,
+                "an earlier attempt may have acted: needs a decision",
+            )
+            conn.execute(sql.PARK_RUN_IN_DOUBT, {"b_run": run_id})
+            self._incident(conn, Incident.EFFECT_IN_DOUBT, run_id, step_id, epoch, None)
+            return True

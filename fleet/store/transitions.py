@@ -1,0 +1,378 @@
+"""Every transition of a run or a step, as the one conditional statement that makes
+it, built once at import. Only the ledger executes them.
+
+Each group is headed by the state change it makes; a statement that changes a status
+takes its ``WHERE status IN (sources)`` and ``SET status = target`` from the entry
+of ``fleet.states.TRANSITIONS`` it names (``_move``), so the two cannot drift.
+Values are bound by name (``b_*``, see ``fleet/store/predicates.py``); the derived
+writes that share a transition's transaction are in ``fleet/store/derived.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Integer,
+    String,
+    bindparam,
+    case,
+    exists,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy import update as _update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from fleet.states import TRANSITIONS, RunStatus, StepKind
+from fleet.store.predicates import (
+    DELAY,
+    EPOCH,
+    ERROR,
+    GRACE,
+    INPUT,
+    LEASE,
+    NAME,
+    OUTPUT,
+    OWNER,
+    PAYLOAD,
+    RUN,
+    SEQ,
+    STEP,
+    held,
+    now,
+    run_is,
+    status_in,
+    step_is,
+    takeable,
+    within_budget,
+)
+from fleet.store.schema import dead_letters, runs, signals, steps
+
+DIALECTS = {"postgresql": postgresql, "sqlite": sqlite}
+
+
+# The table entries a statement below was built from (tests/unit/test_states.py).
+BUILT: set[str] = set()
+
+
+def _move(name: str) -> Any:
+    """``UPDATE <subject> SET status = target … WHERE status IN (sources)``, from the table."""
+    transition = TRANSITIONS[name]
+    BUILT.add(name)
+    table = runs if transition.subject == "run" else steps
+    return _update(table).where(status_in(transition)).values(status=transition.target)
+
+
+def _run_move(name: str, **values: Any) -> Any:
+    return _move(name).where(runs.c.id == RUN).values(updated_at=now(), **values)
+
+
+# --- create_run: (none) → queued; a no-op if the id exists (enqueue is idempotent) ----
+
+
+def _create_run(dialect: Any) -> Any:
+    return (
+        dialect.insert(runs)
+        .values(
+            id=RUN,
+            workflow=bindparam("b_workflow", type_=String),
+            version=bindparam("b_version", type_=String),
+            pins=bindparam("b_pins", type_=String),
+            args=bindparam("b_args", type_=String),
+            queue=bindparam("b_queue", type_=String),
+            status=RunStatus.QUEUED,
+            budget_tokens=bindparam("b_budget_tokens", type_=BigInteger),
+            budget_cost=bindparam("b_budget_cost", type_=Float),
+            wake_seq=1,
+            advanced_seq=0,
+            dispatches=0,
+            redispatch_at=now() + GRACE,
+            created_at=now(),
+            updated_at=now(),
+        )
+        .on_conflict_do_nothing()
+        # RETURNING, not rowcount: drivers disagree on rowcount for a skipped insert.
+        .returning(runs.c.id)
+    )
+
+
+CREATE_RUN = {name: _create_run(dialect) for name, dialect in DIALECTS.items()}
+
+# --- start_run: run queued → running ------------------------------------------------
+START_RUN = _run_move("start_run")
+
+# --- set_waiting: run running → waiting; resume_run: waiting → running --------------
+SET_WAITING = _run_move("set_waiting")
+RESUME_RUN = _run_move("resume_run")
+
+# --- succeed_run | fail_run: run running → succeeded | failed -------------------------
+FINISH_RUN = {
+    RunStatus.SUCCEEDED: _run_move("succeed_run", result=OUTPUT, error=ERROR, finished_at=now()),
+    RunStatus.FAILED: _run_move("fail_run", result=OUTPUT, error=ERROR, finished_at=now()),
+}
+
+# --- cancel_run: run queued | running | waiting | needs_decision → cancelled ----------
+CANCEL_RUN = _run_move("cancel_run", error=ERROR, finished_at=now())
+
+# --- revoke_lease: its steps running → pending, epoch+1 (their commits are fenced) --
+REVOKE_LEASES = (
+    _move("revoke_lease")
+    .where(steps.c.run_id == RUN)
+    .values(epoch=steps.c.epoch + 1, lease_owner=None, lease_expires_at=None)
+)
+
+# --- park_run_in_doubt: run running → needs_decision ("effect") ----------------------
+PARK_RUN_IN_DOUBT = _run_move("park_run_in_doubt", decision="effect")
+
+# --- park_over_budget: run running → needs_decision ("budget"), if spend reached it --
+PARK_OVER_BUDGET = _run_move("park_over_budget", decision="budget").where(~within_budget(RUN))
+
+# --- resolve_run: run needs_decision → running ---------------------------------------
+RESOLVE_RUN = _run_move("resolve_run", decision=None)
+
+# --- raise_budget: run needs_decision ("budget") → running, each limit given replaced --
+RAISE_BUDGET = _run_move(
+    "raise_budget",
+    decision=None,
+    budget_tokens=func.coalesce(bindparam("b_tokens", type_=BigInteger), runs.c.budget_tokens),
+    budget_cost=func.coalesce(bindparam("b_cost", type_=Float), runs.c.budget_cost),
+).where(runs.c.decision == "budget")
+
+# --- replay_run: run failed | running → running (a dead letter replayed) --------------
+REPLAY_RUN = _run_move("replay_run", error=None, result=None, finished_at=None)
+
+
+# --- record_step: (none) → pending (task, wait) | done (value); no-op on conflict ----
+
+
+def _record_step(dialect: Any) -> Any:
+    """Times are offsets from the database's clock, NULL for none (``now + NULL`` is
+    NULL): ``b_redispatch_in`` (a task: the advance sends the wake-up itself, the
+    sweeper steps in after grace), ``b_due_in`` (a timed wait), ``b_finished_in`` (a
+    value, recorded done)."""
+    return (
+        dialect.insert(steps)
+        .values(
+            run_id=RUN,
+            step_id=STEP,
+            seq=SEQ,
+            name=NAME,
+            kind=bindparam("b_kind", type_=String),
+            input=INPUT,
+            status=bindparam("b_status", type_=String),
+            output=OUTPUT,
+            attempts=0,
+            max_attempts=bindparam("b_max_attempts"),
+            epoch=0,
+            dispatches=0,
+            created_at=now(),
+            redispatch_at=now() + bindparam("b_redispatch_in", type_=Float),
+            due_at=now() + bindparam("b_due_in", type_=Float),
+            finished_at=now() + bindparam("b_finished_in", type_=Float),
+        )
+        .on_conflict_do_nothing()
+    )
+
+
+RECORD_STEP = {name: _record_step(dialect) for name, dialect in DIALECTS.items()}
+
+# --- take_lease: step pending | due retry_wait | expired running → running ------------
+# epoch+1 and attempts+1 in one write, only while the run is running, the attempt cap
+# is not spent and the budget not reached (checked in the statement that starts the
+# step: however many workers race, none starts a step once the budget is reached).
+TAKE = (
+    _move("take_lease")
+    .where(
+        step_is(RUN, STEP),
+        steps.c.kind == StepKind.TASK,
+        steps.c.attempts < steps.c.max_attempts,
+        takeable(now()),
+        run_is(RUN, RunStatus.RUNNING),
+        within_budget(RUN),
+    )
+    .values(
+        epoch=steps.c.epoch + 1,
+        attempts=steps.c.attempts + 1,
+        lease_owner=OWNER,
+        lease_expires_at=now() + LEASE,
+        due_at=None,
+        # An expired lease is the sweeper's cue; no other re-send is needed.
+        redispatch_at=None,
+        dispatches=0,
+    )
+    .returning(steps.c.epoch, steps.c.attempts, steps.c.name, steps.c.input)
+)
+
+
+# --- heartbeat and release: running stays running, the lease moved (fenced) ----------
+RENEW = _update(steps).where(held(RUN, STEP, EPOCH)).values(lease_expires_at=now() + LEASE)
+RELEASE = (
+    _update(steps)
+    .where(held(RUN, STEP, EPOCH))
+    .values(lease_expires_at=now() - 0.001, redispatch_at=None)
+)
+
+
+def _fenced(name: str) -> Any:
+    """A step transition of the attempt holding ``b_epoch``: zero rows is a fenced write."""
+    return _move(name).where(held(RUN, STEP, EPOCH))
+
+
+# --- commit_output: step running → done, under the epoch held -----------------------
+COMMIT = _fenced("commit_output").values(
+    output=OUTPUT,
+    error=None,
+    lease_owner=None,
+    lease_expires_at=None,
+    redispatch_at=None,
+    finished_at=now(),
+)
+
+# --- schedule_retry: step running → retry_wait, its due time in the store -----------
+# ``b_resend_after``: how long past the due time the sweeper waits before re-sending.
+SCHEDULE_RETRY = _fenced("schedule_retry").values(
+    due_at=now() + DELAY,
+    error=ERROR,
+    lease_owner=None,
+    lease_expires_at=None,
+    redispatch_at=now() + DELAY + bindparam("b_resend_after", type_=Float),
+    dispatches=0,
+)
+
+# --- dead_letter: step running → dead (held); dead_letter_exhausted: step pending |
+# --- due retry_wait | expired running → dead (its cap spent by crashed attempts) ----
+_DEAD = dict(
+    error=ERROR,
+    lease_owner=None,
+    lease_expires_at=None,
+    redispatch_at=None,
+    due_at=None,
+    finished_at=now(),
+)
+_DEAD_ROW = (steps.c.name, steps.c.input, steps.c.attempts, steps.c.created_at)
+DEAD_LETTER = _fenced("dead_letter").values(**_DEAD).returning(*_DEAD_ROW)
+DEAD_LETTER_EXHAUSTED = (
+    _move("dead_letter_exhausted")
+    .where(
+        step_is(RUN, STEP),
+        steps.c.attempts >= steps.c.max_attempts,
+        takeable(now()),
+        run_is(RUN, RunStatus.RUNNING),
+    )
+    .values(**_DEAD)
+    .returning(*_DEAD_ROW)
+)
+
+# --- replay_step: step dead → pending, a fresh attempt budget, COALESCE(new input) ----
+# Decided by the letter: marked replayed only while its step is dead and its run failed
+# or running; the step and run writes after it cannot miss (only a replay moves a step
+# out of dead).
+LETTER = bindparam("b_letter", type_=Integer)
+_LETTER_STEP = (steps.c.run_id == dead_letters.c.run_id) & (
+    steps.c.step_id == dead_letters.c.step_id
+)
+REPLAY_LETTER = (
+    _update(dead_letters)
+    .where(
+        dead_letters.c.id == LETTER,
+        dead_letters.c.replayed_at.is_(None),
+        exists().where(_LETTER_STEP, status_in(TRANSITIONS["replay_step"])),
+        run_is(dead_letters.c.run_id, *map(RunStatus, TRANSITIONS["replay_run"].sources)),
+    )
+    .values(replayed_at=now())
+    .returning(dead_letters.c.run_id, dead_letters.c.step_id)
+)
+REPLAY_STEP = (
+    _move("replay_step")
+    .where(step_is(RUN, STEP))
+    .values(
+        attempts=0,
+        error=None,
+        finished_at=None,
+        input=func.coalesce(INPUT, steps.c.input),
+        redispatch_at=now() + GRACE,
+        dispatches=0,
+    )
+)
+
+# --- park_in_doubt: step running → in_doubt (held) -----------------------------------
+PARK_IN_DOUBT = _fenced("park_in_doubt").values(
+    lease_owner=None, lease_expires_at=None, redispatch_at=None
+)
+
+# --- resolve_done | resolve_retry: step in_doubt → done | pending (run needs_decision) -
+_DECIDING = run_is(RUN, RunStatus.NEEDS_DECISION)
+RESOLVE_DONE = (
+    _move("resolve_done")
+    .where(step_is(RUN, STEP), _DECIDING)
+    .values(output=OUTPUT, finished_at=now())
+)
+RESOLVE_RETRY = (
+    _move("resolve_retry")
+    .where(step_is(RUN, STEP), _DECIDING)
+    .values(
+        # One more attempt allowed, whatever the cap spent.
+        max_attempts=case(
+            (steps.c.max_attempts > steps.c.attempts, steps.c.max_attempts),
+            else_=steps.c.attempts + 1,
+        ),
+        redispatch_at=now() + GRACE,
+        dispatches=0,
+    )
+)
+
+# --- signals: kept while the run is live; deliver_signal: wait pending → done ----------
+_LIVE_RUN = [RunStatus(s) for s in sorted(TRANSITIONS["cancel_run"].sources)]
+ADD_SIGNAL = (
+    insert(signals)
+    .from_select(
+        ["run_id", "name", "payload", "created_at"],
+        select(RUN, NAME, PAYLOAD, now()).where(run_is(RUN, *_LIVE_RUN)),
+    )
+    .returning(signals.c.id)
+)
+PENDING_WAITS = (
+    select(steps.c.step_id, steps.c.name)
+    .where(
+        steps.c.run_id == RUN,
+        steps.c.kind == StepKind.WAIT,
+        status_in(TRANSITIONS["deliver_signal"]),
+        steps.c.name.like("wait:%"),
+    )
+    .order_by(steps.c.seq)
+)
+OLDEST_SIGNAL = (
+    select(signals.c.id, signals.c.payload)
+    .where(signals.c.run_id == RUN, signals.c.name == NAME, signals.c.consumed_at.is_(None))
+    .order_by(signals.c.id)
+    .limit(1)
+)
+SIGNAL = bindparam("b_signal", type_=Integer)
+CONSUME_SIGNAL = (
+    _update(signals)
+    .where(signals.c.id == SIGNAL, signals.c.consumed_at.is_(None))
+    .values(consumed_by=STEP, consumed_at=now())
+)
+DELIVER_SIGNAL = (
+    _move("deliver_signal")
+    .where(step_is(RUN, STEP), steps.c.kind == StepKind.WAIT)
+    .values(output=PAYLOAD, finished_at=now())
+)
+
+# --- fire_due_wait: wait pending → done (null), its due time reached, run live --------
+DUE_WAIT = (
+    (steps.c.kind == StepKind.WAIT)
+    & status_in(TRANSITIONS["fire_due_wait"])
+    & (steps.c.due_at <= now())
+    & run_is(steps.c.run_id, RunStatus.RUNNING, RunStatus.WAITING)
+)
+FIRE_DUE_WAIT = (
+    _move("fire_due_wait")
+    .where(step_is(RUN, STEP), DUE_WAIT)
+    .values(output="null", finished_at=now())
+)
+RUN_QUEUE = select(runs.c.queue, runs.c.workflow).where(runs.c.id == RUN)
