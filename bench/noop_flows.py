@@ -7,7 +7,7 @@ the ``FLEET_*`` environment like any fleet application."""
 from __future__ import annotations
 
 from fleet import Fleet
-from fleet.worker.attempt import StepContext
+from fleet.worker.context import StepContext
 from fleet.worker.replay import WorkflowContext
 
 fleet = Fleet("bench")

@@ -35,7 +35,7 @@ from sqlalchemy.pool import Pool
 from bench.common import delta, services, settled_pg_counters
 from bench.drivers import database_name
 from fleet import Fleet, Settings
-from fleet.worker.attempt import execute
+from fleet.worker.inline import run_steps
 from fleet.worker.replay import advance
 
 
@@ -141,23 +141,22 @@ def _deliver(
             if task == "fleet.advance":
                 advance(client.runtime, args[0])
                 continue
-            following: Any = args[1]
-            while following is not None:
-                tasks["step"] += 1
-                more = inline and (executes is None or tasks["step"] < executes)
-                following = execute(
-                    client.runtime, args[0], following, keep_next=(lambda: True) if more else None
-                )
+            ran = tasks["step"]
+
+            def more(n: int, ran: int = ran) -> bool:
+                return inline and (executes is None or ran + n < executes)
+
+            tasks["step"] += run_steps(client.runtime, args[0], args[1], more=more)
     return tasks
 
 
 def _meter_heartbeat(meter: Meter) -> None:
     """An attempt registers its heartbeat and leaves it once per attempt: time that too."""
-    from fleet.worker import attempt
+    from fleet.worker import heartbeat
 
     for name in ("__enter__", "__exit__"):
-        original = getattr(attempt.Heartbeat, name)
-        setattr(attempt.Heartbeat, name, meter._metered(f"Heartbeat.{name}", original))
+        original = getattr(heartbeat.Heartbeat, name)
+        setattr(heartbeat.Heartbeat, name, meter._metered(f"Heartbeat.{name}", original))
 
 
 def _table(meter: Meter, steps: int, total: float) -> None:

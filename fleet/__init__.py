@@ -20,7 +20,7 @@ from fleet.errors import (
 from fleet.policy import RetryPolicy
 from fleet.records import DeadLetterInfo, StepInfo
 from fleet.secrets import Secret
-from fleet.worker.attempt import LeaseLost, StepContext
+from fleet.worker.context import LeaseLost, StepContext
 from fleet.worker.replay import WorkflowContext
 
 __all__ = [

@@ -2,8 +2,12 @@
 
 The workflow function runs from the top on every advance. A step already recorded
 as done returns its recorded output at once; the first step not yet done stops the
-replay (``_Suspend``), after recording and dispatching it if it is new. So a run
-resumes at its first unfinished step, whichever worker replays it.
+replay (``_Suspend``), after recording it if it is new. So a run resumes at its first
+unfinished step, whichever worker replays it.
+
+The replay records and never sends: ``replay_run`` returns the new task steps it
+recorded (``Replayed``) and its caller sends them once what recorded them has
+committed. ``advance`` is the plain case: replay, then send them all.
 """
 
 from __future__ import annotations
@@ -13,12 +17,9 @@ import random
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from functools import partial
 from typing import Any
-
-from sqlalchemy.engine import Row
 
 from fleet import codec
 from fleet.errors import NonDeterminism, PayloadError, StepFailed, StoreUnavailable
@@ -57,10 +58,40 @@ def step_shadow(workflow: str, name: str) -> str:
     return f"{workflow}.{name}"
 
 
+@dataclass(frozen=True)
+class NewTask:
+    """A task step a replay recorded: a worker must be told to execute it."""
+
+    step_id: str
+    name: str
+
+
+@dataclass
+class Replayed:
+    """What a replay recorded that must be sent: its new task steps, in order. Send
+    them only once the transaction that recorded them has committed (a worker given a
+    step the store does not have yet drops it, and the sweeper sends it late)."""
+
+    run_id: str
+    queue: str
+    workflow: str
+    tasks: list[NewTask] = field(default_factory=list)
+
+    def send(self, rt: Runtime) -> None:
+        """One message per new task step; a failure to send is the sweeper's to repair."""
+        for task in self.tasks:
+            rt.dispatcher.execute(
+                self.run_id,
+                task.step_id,
+                self.queue,
+                shadow=step_shadow(self.workflow, task.name),
+            )
+
+
 class WorkflowContext:
     """The first argument of a workflow function (see CONTRACT.md)."""
 
-    def __init__(self, rt: Runtime, run: Row[Any], history: Sequence[Row[Any]]) -> None:
+    def __init__(self, rt: Runtime, run: Any, history: Sequence[Any]) -> None:
         self.run_id: str = run.id
         self.pins: dict[str, Any] = codec.decode(run.pins) or {}
         self._rt = rt
@@ -70,11 +101,10 @@ class WorkflowContext:
         self._pos = 0
         self._counts: dict[str, int] = {}
         self._seen: set[str] = set()
-        self.to_dispatch: list[str] = []
-        self.step_names: dict[str, str] = {}  # step id → its step's name (the shadow)
+        self.new_tasks: list[NewTask] = []
         self.waiting = False  # the replay stopped at a wait_for or a sleep
         self._wake_seq: int = run.wake_seq
-        self.marked = False  # the replay's last write also marked the run advanced
+        self.answered = False  # the replay's last write also marked the run advanced
 
     # --- the public surface -----------------------------------------------------
 
@@ -159,7 +189,7 @@ class WorkflowContext:
     def _next_id(self, name: str, key: str | None) -> str:
         return self._positional(name) if key is None else str(key)
 
-    def _expect(self, step_id: str, name: str) -> Row[Any] | None:
+    def _expect(self, step_id: str, name: str) -> Any | None:
         """The recorded step at this position, checked against what the replay asks for."""
         if not step_id or len(step_id) > MAX_STEP_ID:
             raise NonDeterminism(f"step id {step_id!r} must be 1-{MAX_STEP_ID} characters")
@@ -193,17 +223,18 @@ class WorkflowContext:
         """Record steps the replay reached past the end of the history. ``_expect``
         reserved their positions in call order, so they are the last ``len(new)``.
         ``last``: the replay suspends right after, so the same write marks the run
-        advanced (its wake-up answered); the dispatch follows the commit."""
+        advanced (its wake-up answered); the caller sends the new tasks after the commit."""
         start = self._pos - len(new)
         positioned = [replace(s, seq=start + i) for i, s in enumerate(new)]
         self._rt.ledger.record_steps(
             self.run_id, positioned, advanced_seq=self._wake_seq if last else None
         )
-        self.marked = last
-        self.to_dispatch.extend(s.step_id for s in positioned if s.kind == StepKind.TASK)
-        self.step_names.update((s.step_id, s.name) for s in positioned)
+        self.answered = last
+        self.new_tasks.extend(
+            NewTask(s.step_id, s.name) for s in positioned if s.kind == StepKind.TASK
+        )
 
-    def _outcome(self, rec: Row[Any]) -> Any:
+    def _outcome(self, rec: Any) -> Any:
         status = rec.status  # compared as text: this runs once per step per replay
         if status == StepStatus.DONE:
             return self._rt.payloads.load(rec.output)
@@ -218,7 +249,7 @@ class WorkflowContext:
             payload = codec.encode({**spec, "timeout": delay}, what=step_id, limit=1024)
             self._record([NewStep(step_id, -1, name, StepKind.WAIT, payload, 1, delay=delay)])
             # A signal that came before this wait is waiting for it already.
-            if name.startswith("wait:") and self._rt.ledger.deliver_signals(self.run_id):
+            if "signal" in spec and self._rt.ledger.deliver_signals(self.run_id):
                 rec = self._rt.queries.step(self.run_id, step_id)
         if rec is not None and rec.status == StepStatus.DONE:
             return self._rt.payloads.load(rec.output)
@@ -239,7 +270,7 @@ class WorkflowContext:
         return codec.decode(stored.output)
 
 
-def pinned_workflow(rt: Runtime, run: Row[Any], step_id: str | None = None) -> WorkflowDef | None:
+def pinned_workflow(rt: Runtime, run: Any, step_id: str | None = None) -> WorkflowDef | None:
     """The workflow the run is pinned to, if this worker has that version and pins;
     otherwise None, with the mismatch counted and logged (never silent)."""
     wf = rt.registry.workflows.get(run.workflow)
@@ -257,22 +288,31 @@ def pinned_workflow(rt: Runtime, run: Row[Any], step_id: str | None = None) -> W
     return None
 
 
-def advance(
-    rt: Runtime, run_id: str, snapshot: Snapshot | None = None, keep: bool = False
-) -> str | None:
-    """Replay the run and act on where it stands: record and dispatch the next step(s),
-    or finish the run. Safe to run concurrently and repeatedly for the same run.
-    ``snapshot``: the run and its history, if the caller has just read them. ``keep``:
-    if the replay records exactly one next step, do not send it; return its id for the
-    caller to execute (the store has it, so the sweeper sends it if the caller dies)."""
+def advance(rt: Runtime, run_id: str, snapshot: Snapshot | None = None) -> None:
+    """Replay the run and act on where it stands, then send the step(s) it recorded:
+    what the ``fleet.advance`` task does. Safe to run concurrently and repeatedly."""
+    replayed = replay_run(rt, run_id, snapshot)
+    if replayed is not None:
+        replayed.send(rt)
+
+
+def replay_run(rt: Runtime, run_id: str, snapshot: Snapshot | None = None) -> Replayed | None:
+    """Replay the run and record where it stands: its next step(s), its wait, or its
+    end. Returns the new task steps to send (None: the run was not replayed); sends
+    nothing. ``snapshot``: the run and its history, if the caller has just read them."""
     # Redacting: a secret the workflow reveals never shows in the run's error or logs.
     with log_context(run_id=run_id), redacting() as redact:
-        return _advance(rt, run_id, snapshot or rt.queries.snapshot(run_id), keep, redact)
+        return _replay(rt, run_id, snapshot or rt.queries.snapshot(run_id), redact)
 
 
-def _advance(
-    rt: Runtime, run_id: str, snapshot: Snapshot | None, keep: bool, redact: Redactor
-) -> str | None:
+# A replay runs only for a run that may move on: finished, cancelled and parked runs
+# wait for something other than a replay.
+_REPLAYABLE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING})
+
+
+def _replay(
+    rt: Runtime, run_id: str, snapshot: Snapshot | None, redact: Redactor
+) -> Replayed | None:
     if snapshot is None:
         rt.ledger.incident(
             Incident.MALFORMED_MESSAGE, None, detail=f"advance of unknown run {run_id!r}"
@@ -281,40 +321,23 @@ def _advance(
         return None
     run, history = snapshot
     status = RunStatus(run.status)
-    if status not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING):
-        return None  # finished, cancelled, or parked for a person's decision
+    if status not in _REPLAYABLE:
+        return None
     wf = pinned_workflow(rt, run)
     if wf is None:
         return None
-    if status == RunStatus.QUEUED:
+    if status is RunStatus.QUEUED:
         rt.ledger.start_run(run_id)
-    elif status == RunStatus.WAITING:
+    elif status is RunStatus.WAITING:
         rt.ledger.resume_run(run_id)
     ctx = WorkflowContext(rt, run, history)
-    # A recorded task step always suspends the replay at once, so a kept step is
-    # never left unsent on another path.
-    kept: str | None = None
+    # Whether the replay suspends, returns or raises, what it recorded is to be sent.
+    replayed = Replayed(run_id, run.queue, run.workflow, ctx.new_tasks)
     try:
         # Arguments that cannot be loaded fail the run (PayloadError), once.
         args, kwargs = rt.payloads.load_call(run.args, f"arguments of run {run_id}")
         redact.watch((args, kwargs))
-        try:
-            result = wf.fn(ctx, *args, **kwargs)
-        finally:
-            # Dispatch what was recorded, whether the replay suspended or not.
-            if keep and len(ctx.to_dispatch) == 1:
-                kept = ctx.to_dispatch.pop()
-            # Inside a unit (a commit with its replay), once the steps are committed.
-            for step_id in ctx.to_dispatch:
-                rt.db.after_commit(
-                    partial(
-                        rt.dispatcher.execute,
-                        run_id,
-                        step_id,
-                        run.queue,
-                        shadow=step_shadow(run.workflow, ctx.step_names[step_id]),
-                    )
-                )
+        result = wf.fn(ctx, *args, **kwargs)
         if ctx._pos < len(ctx._history):
             raise NonDeterminism(
                 f"non-determinism in run {run_id}: the workflow returned after {ctx._pos} steps "
@@ -325,9 +348,9 @@ def _advance(
     except _Suspend:
         if ctx.waiting:
             rt.ledger.set_waiting(run_id)
-        if not ctx.marked:
+        if not ctx.answered:
             rt.ledger.mark_advanced(run_id, run.wake_seq)
-        return kept
+        return replayed
     except NonDeterminism as exc:
         rt.ledger.incident(Incident.NONDETERMINISM, run_id, detail=str(exc))
         log.error("%s", exc)
@@ -344,7 +367,7 @@ def _advance(
     else:
         rt.ledger.finish_run(run_id, RunStatus.SUCCEEDED, result=encoded)
     rt.ledger.mark_advanced(run_id, run.wake_seq)
-    return None
+    return replayed
 
 
 def _fail(rt: Runtime, run_id: str, error: str) -> None:

@@ -17,7 +17,9 @@ from fleet.store.queries import Queries
 from fleet.worker.dispatch import Dispatcher
 
 
-@dataclass
+# eq=False: a runtime is one Fleet's, compared and hashed by identity (the process
+# holds the registered ones in a weak mapping).
+@dataclass(eq=False)
 class Runtime:
     settings: Settings
     db: Database

@@ -11,9 +11,10 @@ from celery import Celery
 from celery.signals import celeryd_after_setup, worker_shutting_down
 
 from fleet.states import Incident
-from fleet.worker.attempt import release_leases, run_steps, stopping
+from fleet.worker import process
 from fleet.worker.dispatch import ADVANCE, EXECUTE
 from fleet.worker.envelope import Malformed, check_ids, one_line
+from fleet.worker.inline import run_steps
 from fleet.worker.replay import advance
 from fleet.worker.runtime import Runtime
 
@@ -31,25 +32,18 @@ def _ids(args: tuple[Any, ...], task: str) -> tuple[str, ...] | None:
     return tuple(args)
 
 
-# Every Fleet registered in this process: one shutdown handler serves them all (a
-# worker module may import another that builds its own Fleet).
-_RUNTIMES: list[Runtime] = []
-
-
-def _watch_shutdown(rt: Runtime) -> None:
-    if not _RUNTIMES:
-        worker_shutting_down.connect(_on_shutdown, weak=False)
-    _RUNTIMES.append(rt)
-
-
 def _on_shutdown(**_: Any) -> None:
     """Celery's warm shutdown stops taking work and waits for running tasks; they get
     until the soft deadline, then their leases are released and the process leaves."""
-    stopping.set()
-    grace = min(rt.settings.shutdown_grace for rt in _RUNTIMES)
+    proc = process.current()
+    proc.stopping.set()
+    runtimes = proc.runtimes()
+    if not runtimes:
+        return
+    grace = min(rt.settings.shutdown_grace for rt in runtimes)
 
     def deadline() -> None:
-        released = sum(release_leases(rt) for rt in _RUNTIMES)
+        released = proc.release_leases()
         log.warning(
             "shutdown deadline (%.1fs) passed: %d lease(s) released; exiting", grace, released
         )
@@ -61,20 +55,18 @@ def _on_shutdown(**_: Any) -> None:
     timer.start()
 
 
-def _consume_workflow_queues(celery: Celery, rt: Runtime) -> None:
+def _add_workflow_queues(sender: Any, instance: Any, **_: Any) -> None:
     """A plain ``celery -A app worker`` (no ``-Q``) consumes only the default queue, but
     runs go to one queue per workflow version: add those, as ``fleet worker`` does. A
     worker given its own ``-Q`` list keeps it."""
-
-    @celeryd_after_setup.connect(weak=False)
-    def add_queues(sender: Any, instance: Any, **_: Any) -> None:
-        if instance.app is not celery:
-            return
-        queues = instance.app.amqp.queues
-        consumed = set(queues.consume_from or queues)
-        if consumed == {rt.settings.queue}:
-            for name in rt.registry.queues(rt.settings.queue):
-                queues.select_add(name)
+    rt = process.current().runtime_of(instance.app)
+    if rt is None:
+        return
+    queues = instance.app.amqp.queues
+    consumed = set(queues.consume_from or queues)
+    if consumed == {rt.settings.queue}:
+        for name in rt.registry.queues(rt.settings.queue):
+            queues.select_add(name)
 
 
 def register(celery: Celery, rt: Runtime) -> None:
@@ -87,8 +79,12 @@ def register(celery: Celery, rt: Runtime) -> None:
         log.error("malformed message dropped: %s", detail)
         rt.ledger.incident(Incident.MALFORMED_MESSAGE, None, detail=detail)
 
-    _watch_shutdown(rt)
-    _consume_workflow_queues(celery, rt)
+    process.current().register(rt, celery)
+    # One handler each per process, whatever the number of Fleets (``dispatch_uid``).
+    worker_shutting_down.connect(_on_shutdown, weak=False, dispatch_uid="fleet.shutdown")
+    celeryd_after_setup.connect(
+        _add_workflow_queues, weak=False, dispatch_uid="fleet.workflow_queues"
+    )
 
     @celery.task(name=ADVANCE, ignore_result=True, shared=False)
     def advance_task(*args: Any) -> None:

@@ -57,11 +57,13 @@ def test_a_kept_step_whose_worker_died_before_taking_it_is_sent_by_the_sweeper(
 ) -> None:
     """Invariant 1: a step kept for inline execution is never sent, so if its worker dies
     before taking it only the store knows of it; the sweeper must send it."""
-    from fleet.worker.replay import advance
+    from fleet.worker.replay import replay_run
 
     run = client.enqueue("chain", 2)
-    kept = advance(client.runtime, run.id, keep=True)  # records work#1, sends nothing
-    assert kept == "work#1"
+    replayed = replay_run(client.runtime, run.id)  # records work#1, sends nothing
+    assert replayed is not None
+    kept = [task.step_id for task in replayed.tasks]
+    assert kept == ["work#1"]
     assert not executions(backend, run.id)
     cluster.worker("w1", concurrency=1)
     cluster.sweeper()

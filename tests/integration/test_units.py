@@ -14,9 +14,10 @@ from sqlalchemy import create_engine, event
 from fleet import Fleet
 from fleet.errors import StoreUnavailable
 from fleet.store.engine import Database
-from fleet.store.queries import read_snapshot
-from fleet.store.statements import HISTORY
-from fleet.worker.attempt import execute
+from fleet.store.queries import HISTORY, read_snapshot
+from fleet.store.rows import StepRow
+from fleet.worker.dispatch import Message
+from fleet.worker.inline import run_steps
 from tests.harness import Backend, InlineBroker, starts
 
 
@@ -50,11 +51,7 @@ def test_an_inline_step_costs_one_transaction(
     (message,) = [args for task, args in inline.sent if task == "fleet.execute"]
     inline.sent.clear()
     count = _main_thread_transactions(client)
-    following: Any = message[1]
-    steps = 0
-    while following is not None:
-        following = execute(client.runtime, run.id, following, keep_next=lambda: True)
-        steps += 1
+    steps = run_steps(client.runtime, run.id, message[1], more=lambda n: True)
     transactions = count[0] - recorded[0]
     assert steps == 8 and run.wait(timeout=5) == sum(i * i for i in range(8))
     # The first step reads its run and takes its lease (2); every step then commits,
@@ -71,17 +68,17 @@ def test_new_steps_are_sent_only_after_they_are_committed(
     # A plain engine: fleet's own would BEGIN IMMEDIATE on SQLite and wait for the unit.
     onlooker = create_engine(backend.database_url)
     unseen: list[list[str]] = []
-    send = inline._send
 
-    def checking_send(task: str, args: list[str], queue: str, **kw: Any) -> bool:
-        if task == "fleet.execute":
-            with onlooker.connect() as conn:
-                rows = conn.execute(HISTORY, {"b_run": args[0]}).all()
-            if not any(r.step_id == args[1] for r in rows):
-                unseen.append(args)
-        return send(task, args, queue, **kw)
+    class Checking:
+        def send(self, message: Message) -> None:
+            if message.task == "fleet.execute":
+                with onlooker.connect() as conn:
+                    rows = conn.execute(HISTORY, {"b_run": message.args[0]}).all()
+                if not any(r.step_id == message.args[1] for r in rows):
+                    unseen.append(message.args)
+            inline.send(message)
 
-    client.runtime.dispatcher._send = checking_send  # type: ignore[method-assign]
+    client.runtime.dispatcher.use(Checking())
     run = client.enqueue("fan", 4)
     inline.drain()
     assert run.wait(timeout=5)["n"] == 4
@@ -167,7 +164,7 @@ def test_the_history_cache_serves_what_a_full_read_would(
             cached = read_snapshot(conn, run.id, db.history)
             full = conn.execute(HISTORY, {"b_run": run.id}).all()
         assert cached is not None
-        assert [tuple(r) for r in cached.history] == [tuple(r) for r in full]
+        assert list(cached.history) == [StepRow.from_row(r) for r in full]
         checked += 1
     assert checked >= 4 and db.history.hits > 0, "later reads came partly from the cache"
     assert run.wait(timeout=5)["n"] == 3
@@ -215,7 +212,7 @@ def test_a_commit_whose_outcome_is_unknown_is_not_made_again(
 
     monkeypatch.setattr(Connection, "commit", lost_reply)
     with pytest.raises(CommitUnknown):
-        execute(client.runtime, run.id, message[1], keep_next=lambda: True)
+        run_steps(client.runtime, run.id, message[1], more=lambda n: True)
     monkeypatch.setattr(Connection, "commit", commit)
     step = client.runtime.queries.step(run.id, "work#1")
     assert step is not None and step.status == "done", "the commit did apply"

@@ -8,8 +8,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from fleet.store.ledger import Lease
-from fleet.worker.attempt import _BEATER, Heartbeat
+from fleet.worker import process
+from fleet.worker.heartbeat import Heartbeat
 from tests.harness import poll
+
+_BEATER = process.current().beater
 
 
 class FakeLedger:
@@ -30,7 +33,7 @@ class FakeLedger:
 
 def _heartbeat(ledger: FakeLedger, step_id: str, lease_seconds: float) -> Heartbeat:
     rt: Any = SimpleNamespace(ledger=ledger, settings=SimpleNamespace(lease_seconds=lease_seconds))
-    return Heartbeat(rt, Lease("run", step_id, 1, 1, "work", "{}", False))
+    return Heartbeat(rt, Lease("run", step_id, 1, 1, "work", "{}", False), _BEATER)
 
 
 def test_one_thread_renews_each_held_lease_when_due() -> None:

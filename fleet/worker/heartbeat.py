@@ -1,0 +1,165 @@
+"""Keeping a running attempt's lease: one heartbeat thread per process renews them all.
+
+A lease expires unless renewed; an attempt that renews it keeps its step from being
+taken over. Each attempt holds a ``Heartbeat`` while it runs; the process's ``Beater``
+renews every held one when due, and stops renewing one the store says is lost (another
+attempt took the step over: the epoch moved on). At shutdown ``release_leases`` gives
+the held leases up so another worker takes their steps at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from fleet.errors import FleetError
+from fleet.store.ledger import Lease
+from fleet.worker.replay import step_shadow
+from fleet.worker.runtime import Runtime
+
+log = logging.getLogger("fleet.attempt")
+
+
+class Heartbeat:
+    """Keeps one attempt's lease: ``beater`` renews it every third of the lease while
+    the attempt runs (one thread for all of a process's attempts, not one per attempt)."""
+
+    def __init__(self, rt: Runtime, lease: Lease, beater: Beater) -> None:
+        self.rt = rt
+        self.lease = lease
+        self._beater = beater
+        self.lost = threading.Event()
+        self.interval = rt.settings.lease_seconds / 3
+        self.due = 0.0  # monotonic time of the next renewal
+        # Held while renewing: leaving the attempt waits for a renewal in flight, so
+        # none is written after the attempt's own commit.
+        self._lock = threading.Lock()
+        self._held = False
+
+    def beat(self) -> bool:
+        if self.lost.is_set():
+            return False
+        try:
+            ok = self.rt.ledger.heartbeat(
+                self.lease.run_id,
+                self.lease.step_id,
+                self.lease.epoch,
+                self.rt.settings.lease_seconds,
+            )
+        except FleetError as exc:  # store briefly unreachable: try again next beat
+            log.warning("heartbeat for %s failed: %s", self.lease.step_id, exc)
+            return True
+        if not ok:
+            self.lost.set()
+            log.warning(
+                "step %s of run %s lost its lease (epoch %d)",
+                self.lease.step_id,
+                self.lease.run_id,
+                self.lease.epoch,
+            )
+        return ok
+
+    def renew_if_held(self) -> None:
+        """The beater's renewal: skipped once the attempt has left."""
+        with self._lock:
+            if self._held and not self.beat():
+                self._beater.remove(self)
+
+    def __enter__(self) -> Heartbeat:
+        self._held = True
+        self._beater.add(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._beater.remove(self)
+        with self._lock:
+            self._held = False
+
+    def release(self) -> bool:
+        """Give the lease up now (shutdown): stop renewing it and let it expire in the
+        store, so another worker takes the step at once instead of after the lease."""
+        self.lost.set()
+        self._beater.remove(self)
+        with self._lock:  # a renewal in flight lands before the release, not after
+            pass
+        return self.rt.ledger.release_lease(self.lease.run_id, self.lease.step_id, self.lease.epoch)
+
+
+class Beater:
+    """One thread per process renews every lease its attempts hold, each when due;
+    it is started on first use, and again in a forked child (threads do not survive
+    fork). The attempts it holds are also what ``release_leases`` gives up."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._held: dict[int, Heartbeat] = {}
+        self._pid = 0
+
+    def add(self, hb: Heartbeat) -> None:
+        with self._cond:
+            if self._pid != os.getpid():  # first use, or a forked child: a thread of its own
+                self._pid = os.getpid()
+                self._held.clear()
+                threading.Thread(target=self._loop, name="fleet-heartbeat", daemon=True).start()
+            hb.due = time.monotonic() + hb.interval
+            self._held[id(hb)] = hb
+            self._cond.notify()
+
+    def remove(self, hb: Heartbeat) -> None:
+        with self._cond:
+            self._held.pop(id(hb), None)
+
+    def held(self) -> list[Heartbeat]:
+        with self._cond:
+            return list(self._held.values())
+
+    def _due(self) -> list[Heartbeat]:
+        """Wait until some lease is due for renewal; those that are, rescheduled."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                due = [hb for hb in self._held.values() if hb.due <= now]
+                if due:
+                    for hb in due:
+                        hb.due = now + hb.interval
+                    return due
+                soonest = min((hb.due for hb in self._held.values()), default=now + 60.0)
+                self._cond.wait(soonest - now)
+
+    def _loop(self) -> None:
+        while True:
+            for hb in self._due():
+                try:
+                    hb.renew_if_held()
+                except Exception:  # never let one renewal stop the others
+                    log.exception("renewing the lease of %s failed", hb.lease.step_id)
+
+
+def release_leases(rt: Runtime, held: Iterable[Heartbeat]) -> int:
+    """Release the leases of ``rt``'s running attempts among ``held`` and send their
+    steps straight back to the queue. Their own commits, if they still come, are
+    accepted only if nobody took over meanwhile (the epoch decides)."""
+    released = 0
+    for hb in [hb for hb in held if hb.rt is rt]:
+        lease = hb.lease
+        if hb.release():
+            released += 1
+            run = rt.queries.run(lease.run_id)
+            if run is not None:
+                rt.dispatcher.execute(
+                    lease.run_id,
+                    lease.step_id,
+                    run.queue,
+                    shadow=step_shadow(run.workflow, lease.name),
+                )
+            log.warning(
+                "released the lease of step %s of run %s (epoch %d) at shutdown",
+                lease.step_id,
+                lease.run_id,
+                lease.epoch,
+            )
+    return released

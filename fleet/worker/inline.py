@@ -1,0 +1,102 @@
+"""The sequential shortcut: a task that finishes a step of a sequential run executes
+the run's next step itself, with no broker round trip and no second read.
+
+The only module that knows of it. Once a step's body has run, and while the task may
+go on (``inline_steps`` steps, ``INLINE_SECONDS``, no shutdown begun), the step's commit
+transaction also takes the lease of the run's next step if the replay recorded exactly
+one; that step is then not sent but run here. A step kept so is in the store already:
+if this process dies before taking it (or while running it), the sweeper sends it.
+Fan-outs are still sent, one message per item, so that any worker can take them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+
+from fleet.logs import log_context
+from fleet.store.ledger import Lease, TakeRefused
+from fleet.worker import process
+from fleet.worker.attempt import commit, perform, running, take
+from fleet.worker.context import Attempt
+from fleet.worker.failures import refused
+from fleet.worker.replay import Replayed
+from fleet.worker.runtime import Runtime
+
+# However many steps ``inline_steps`` allows, a task hands the run back to the queue
+# after this long, so one long run does not keep a worker slot from the others.
+INLINE_SECONDS = 5.0
+
+
+def run_steps(
+    rt: Runtime, run_id: str, step_id: str, more: Callable[[int], bool] | None = None
+) -> int:
+    """Execute the step, then the run's next ones in this same task while each replay
+    records exactly one (a sequential run). ``more(n)``, asked once the n-th step's
+    body has run, says whether the task may run another; by default, up to
+    ``inline_steps`` steps within ``INLINE_SECONDS``, until a shutdown begins. Returns
+    how many attempts it ran."""
+    more = more or _task_limits(rt)
+    with log_context(run_id=run_id, step_id=step_id):
+        att = take(rt, run_id, step_id)
+    ran = 0
+    while att is not None:
+        ran += 1
+        att = _run_one(att, partial(more, ran))
+    return ran
+
+
+def _task_limits(rt: Runtime) -> Callable[[int], bool]:
+    deadline = time.monotonic() + INLINE_SECONDS
+    stopping = process.current().stopping
+    return lambda n: (
+        n < rt.settings.inline_steps and time.monotonic() < deadline and not stopping.is_set()
+    )
+
+
+def _run_one(att: Attempt, keep_next: Callable[[], bool]) -> Attempt | None:
+    """One attempt; the run's next one, if this task took its lease while committing."""
+    with running(att):
+        out = perform(att)
+        if out is None:
+            return None
+        if not keep_next():
+            commit(att, out)
+            return None
+        kept = commit(att, out, claim=partial(_keep_the_one_next, att))
+        return _next_attempt(att, kept)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """The one next step the replay recorded, not sent: its lease, held or refused."""
+
+    step_id: str
+    lease: Lease | TakeRefused
+
+
+def _keep_the_one_next(att: Attempt, replayed: Replayed) -> tuple[Replayed, _Kept | None]:
+    """Inside the commit's transaction: take the lease of the run's next step if the
+    replay recorded exactly one (and then send nothing); otherwise send them all."""
+    if len(replayed.tasks) != 1:
+        return replayed, None
+    (task,) = replayed.tasks
+    rt = att.rt
+    lease = rt.ledger.take_lease(
+        att.run_id, task.step_id, rt.worker_name, rt.settings.lease_seconds
+    )
+    return replace(replayed, tasks=[]), _Kept(task.step_id, lease)
+
+
+def _next_attempt(att: Attempt, kept: _Kept | None) -> Attempt | None:
+    """After the commit: the kept step's attempt, or why its lease was refused, acted on."""
+    if kept is None:
+        return None
+    rt = att.rt
+    if isinstance(kept.lease, TakeRefused):
+        refused(rt, att.run, kept.step_id, kept.lease)
+        return None
+    # The replay has just called the step, so this worker has it.
+    return Attempt(rt, att.run, rt.registry.steps[kept.lease.name], kept.lease)
