@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from fleet.ops.procs import FleetProcess
+from fleet.testing import FleetProcess
 from tests.harness import wait_until
 
 __all__ = ["wait_until"]

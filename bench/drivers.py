@@ -15,7 +15,7 @@ from typing import Any
 from bench import raw_celery
 from bench.common import ROOT, Services, processes, wait_until
 from fleet import Fleet, Settings
-from fleet.ops.procs import WORKER_READY, worker_argv
+from fleet.testing import WORKER_READY, worker_argv
 
 FLEET_APP = "bench.noop_flows"
 # gevent is left out: `python -m fleet worker` does not monkey-patch (see benchmark 3).

@@ -42,7 +42,7 @@ from sqlalchemy import text
 from bench import agent_flows
 from bench.common import percentile, processes, save, services, spread, wait_until
 from fleet import Fleet
-from fleet.ops.procs import WORKER_READY, worker_argv
+from fleet.testing import WORKER_READY, worker_argv
 
 APP = "bench.agent_flows"
 REDIS_DB = 13

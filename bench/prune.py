@@ -26,8 +26,8 @@ from sqlalchemy import select, text
 
 from bench.common import Services, processes, save, services, wait_until
 from fleet import Fleet, Settings
-from fleet.ops.procs import WORKER_READY, worker_argv
 from fleet.store.schema import steps
+from fleet.testing import WORKER_READY, worker_argv
 
 APP = "tests.flows"
 REDIS_DB = 13

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.common import Services, processes, save, services, spread, wait_until
 from fleet import Settings
-from fleet.ops.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
+from fleet.testing import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
 
 APP = "tests.flows"
 SWEEP_INTERVAL, SWEEP_GRACE = 0.5, 1.0

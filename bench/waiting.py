@@ -43,7 +43,7 @@ from sqlalchemy import text
 from bench import agent_flows
 from bench.common import Services, percentile, processes, save, services, spread, wait_until
 from fleet import Fleet
-from fleet.ops.procs import SWEEPER_READY, WORKER_READY, sweeper_argv, worker_argv
+from fleet.testing import SWEEPER_READY, WORKER_READY, sweeper_argv, worker_argv
 from fleet.worker.sweeper import sweep_once
 
 APP = "bench.agent_flows"

@@ -1,30 +1,31 @@
-"""``Fleet``: the registry of workflows and steps, the client API, and the Celery app."""
+"""``Fleet``: the client. It registers workflows and steps, starts and steers runs,
+and reads them back; what it changes it changes through the store's ledger, then wakes
+a worker through the dispatcher. Celery's app is built in ``fleet.worker.celery_app``,
+a run's handle is ``fleet.handle.RunHandle``."""
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
-
-from celery import Celery
 
 from fleet import codec
 from fleet.config import Settings
-from fleet.errors import BadInput, RunFailed, UnknownRun, WaitTimeout
+from fleet.errors import BadInput
+from fleet.handle import RunHandle
 from fleet.policy import RetryPolicy
-from fleet.records import DeadLetterInfo, StepInfo
+from fleet.records import DeadLetterInfo
 from fleet.registry import Registry, StepDef, WorkflowDef, check_budget, check_name
-from fleet.states import RunStatus
+from fleet.states import StepKind, StepStatus
 from fleet.store import migrate
 from fleet.store.engine import Database
 from fleet.store.ledger import Ledger
 from fleet.store.queries import Queries
-from fleet.worker import brokers, retention
-from fleet.worker.dispatch import Dispatcher
-from fleet.worker.envelope import SINK_OPTION, DeadMessageInfo
+from fleet.worker import retention
+from fleet.worker.celery_app import make_celery, prepare_broker
+from fleet.worker.dispatch import CelerySender, Dispatcher
+from fleet.worker.envelope import DeadMessageInfo
 from fleet.worker.replay import step_shadow
 from fleet.worker.runtime import Runtime
 from fleet.worker.tasks import register
@@ -33,54 +34,6 @@ log = logging.getLogger("fleet")
 
 MAX_RUN_ID = 200
 _UNSET: Any = object()
-
-
-class RunHandle:
-    """A handle on one run, read from the store on every call."""
-
-    def __init__(self, fleet: Fleet, run_id: str) -> None:
-        self._fleet = fleet
-        self.id = run_id
-
-    def __repr__(self) -> str:
-        return f"RunHandle({self.id!r})"
-
-    def _row(self) -> Any:
-        row = self._fleet.runtime.queries.run(self.id)
-        if row is None:
-            raise UnknownRun(f"unknown run id {self.id!r}")
-        return row
-
-    def status(self) -> str:
-        return str(self._row().status)
-
-    def wait(self, timeout: float | None = 60.0, poll: float = 0.05) -> Any:
-        """Block until the run ends: its return value, or ``RunFailed``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = poll
-        while True:
-            row = self._row()
-            status = RunStatus(row.status)
-            if status == RunStatus.SUCCEEDED:
-                return self._fleet.runtime.payloads.load(row.result)
-            if status.finished:
-                raise RunFailed(self.id, status.value, row.error)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"run {self.id} still {status.value} after {timeout}s")
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-
-    def steps(self) -> list[StepInfo]:
-        return [
-            StepInfo(s.step_id, s.name, s.status, s.attempts, s.epoch, s.error)
-            for s in self._fleet.runtime.queries.steps(self.id)
-            if s.kind == "task"
-        ]
-
-    def usage(self) -> dict[str, Any]:
-        """Calls, tokens and cost recorded by the run's steps, every attempt included."""
-        self._row()
-        return self._fleet.runtime.queries.usage(self.id)
 
 
 class Fleet:
@@ -117,7 +70,7 @@ class Fleet:
             ledger=ledger,
             queries=Queries(db),
             registry=self.registry,
-            dispatcher=Dispatcher(self.celery),
+            dispatcher=Dispatcher(CelerySender(self.celery)),
         )
         register(self.celery, self.runtime)
         self._schema_checked = False
@@ -346,7 +299,7 @@ class Fleet:
         if not self.runtime.ledger.raise_budget(run_id, new_tokens, new_cost):
             raise BadInput(f"run {run_id} is {row.status}, not waiting on its budget")
         for step in self.runtime.queries.steps(run_id):
-            if step.kind == "task" and step.status == "pending":
+            if step.kind == StepKind.TASK and step.status == StepStatus.PENDING:
                 self.runtime.dispatcher.execute(
                     run_id, step.step_id, row.queue, shadow=step_shadow(row.workflow, step.name)
                 )
@@ -392,72 +345,3 @@ class Fleet:
             raise BadInput(f"dead message ids are 1 to {2**31 - 1}, got {list(ids)!r:.200}")
         self.ensure_schema()
         return self.runtime.ledger.purge_dead_messages(None if ids is None else list(ids))
-
-
-def broker_folders(folder: Path) -> tuple[Path, Path, Path]:
-    """The filesystem transport's folders: messages, processed messages, bindings."""
-    return folder / "queue", folder / "processed", folder / "control"
-
-
-def prepare_broker(settings: Settings) -> None:
-    """Create the filesystem transport's folders (on first use, not at import),
-    readable by their owner only: messages name runs and steps."""
-    folder = settings.broker_folder
-    if folder is None:
-        return
-    try:
-        brokers.create_private_folders(folder, *broker_folders(folder))
-    except OSError as exc:
-        raise BadInput(f"broker folder {folder} cannot be created: {exc.strerror}") from exc
-
-
-def make_celery(
-    name: str, settings: Settings, set_aside: Callable[[str, str, str], int] | None = None
-) -> Celery:
-    """The Celery app. ``set_aside(queue, reason, raw) -> id`` keeps a message that is
-    not fleet's in the store (``Ledger.set_aside_message``): the broker's channels reach
-    it as a transport option (see fleet.brokers)."""
-    broker = settings.broker_url
-    transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout}
-    if set_aside is not None:
-        transport_options[SINK_OPTION] = set_aside
-    folder = settings.broker_folder
-    if folder is not None:
-        queue_dir, processed, control = broker_folders(folder)
-        broker = f"{brokers.FS_ALIAS}://"
-        transport_options.update(
-            data_folder_in=str(queue_dir),
-            data_folder_out=str(queue_dir),
-            processed_folder=str(processed),
-            control_folder=str(control),
-            store_processed=False,
-            polling_interval=0.05,
-        )
-    app = Celery(name, broker=brokers.broker_url(broker), set_as_current=False)
-    app.conf.update(
-        task_serializer="json",
-        accept_content=["json"],
-        result_serializer="json",
-        result_backend=None,
-        task_ignore_result=True,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        broker_transport_options=transport_options,
-        broker_connection_retry_on_startup=True,
-        task_default_queue=settings.queue,
-        task_publish_retry_policy={
-            "max_retries": 3,
-            "interval_start": 0.1,
-            "interval_step": 0.5,
-            "interval_max": 1.0,
-        },
-        worker_hijack_root_logger=False,
-        # A prefork child that died holds its pool slot this long before Celery gives
-        # up on it (default 10 s); the store already knows the attempt was lost.
-        worker_lost_wait=2.0,
-        worker_send_task_events=True,
-        task_send_sent_event=False,
-        enable_utc=True,
-    )
-    return app

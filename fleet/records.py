@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.errors import PayloadError
+from fleet.states import AttemptOutcome
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,9 @@ def saved_by_resume(attempts: Sequence[Any]) -> dict[str, Any]:
     """What checkpoints saved: for each attempt lost with its worker or fenced (a crash
     or a takeover), the steps already checkpointed at that moment and what they had
     spent: what a restart from step one would have spent again. Summed over crashes."""
-    done = [a for a in attempts if a.outcome == "done" and a.finished_at is not None]
+    done = [a for a in attempts if a.outcome == AttemptOutcome.DONE and a.finished_at is not None]
     saved: dict[str, Any] = {"crashes": 0, "steps": 0, "calls": 0, "tokens": 0, "cost": 0.0}
-    for lost in (a for a in attempts if a.outcome in ("lost", "fenced")):
+    for lost in (a for a in attempts if a.outcome in (AttemptOutcome.LOST, AttemptOutcome.FENCED)):
         # The moment of the crash as the store saw it: when another attempt took over.
         takeover = next(
             (

@@ -1,5 +1,6 @@
 """Test harness: backends (SQLite + filesystem, Postgres + Redis), real worker and
-sweeper subprocesses, and polling with deadlines (never sleep-and-hope)."""
+sweeper subprocesses, and polling with deadlines (never sleep-and-hope). The
+in-process broker is the public one users import (``fleet.testing.InlineBroker``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from typing import Any, TypeVar
 import pytest
 
 from fleet import Fleet, Settings
-from fleet.ops.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
+from fleet.testing import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
+from fleet.testing import InlineBroker as InlineBroker  # the tests import it from here
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -253,38 +255,3 @@ def find_event(
         if e["step"] == step and e["event"] == event and all(e[k] == v for k, v in match.items()):
             return e
     return None
-
-
-class InlineBroker:
-    """Stands in for the broker in replay tests: messages are kept in a list and run
-    in this process by ``drain``. (Integration tests use the real broker.)"""
-
-    def __init__(self, client: Fleet) -> None:
-        self.client = client
-        self.sent: list[tuple[str, list[str]]] = []
-        client.runtime.dispatcher._send = self._send  # type: ignore[method-assign]
-
-    def _send(
-        self, task: str, args: list[str], queue: str, *, shadow: str, countdown: float | None = None
-    ) -> bool:
-        self.sent.append((task, args))
-        return True
-
-    def step(self) -> None:
-        """Deliver the oldest message."""
-        from fleet.worker.attempt import execute
-        from fleet.worker.replay import advance
-
-        task, args = self.sent.pop(0)
-        if task == "fleet.advance":
-            advance(self.client.runtime, args[0])
-        else:
-            execute(self.client.runtime, args[0], args[1])
-
-    def drain(self, until: Callable[[], bool] = lambda: False, limit: int = 1000) -> None:
-        """Deliver messages until none is left or ``until()`` holds."""
-        for _ in range(limit):
-            if not self.sent or until():
-                return
-            self.step()
-        raise AssertionError("messages kept coming")

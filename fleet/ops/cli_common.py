@@ -1,10 +1,12 @@
-"""What every ``fleet`` command shares: the two consoles, the ``-A`` option and the
-guard that turns fleet's errors into one line and an exit code (2 bad usage or input,
-1 anything else that failed). A module of its own so that sub-apps (``fleet messages``)
-use the same ones as ``fleet.cli``, which imports them."""
+"""What every ``fleet`` command shares: the two consoles, the ``-A`` option, the guard
+that turns fleet's errors into one line and an exit code (2 bad usage or input, 1
+anything else that failed), and the checks of options several commands take. A module
+of its own so that every command module (``cli_runs``, ``cli_admin``, ``cli_messages``)
+uses the same ones; ``fleet.ops.cli`` assembles them into the ``fleet`` command."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -14,7 +16,9 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from fleet.app import Fleet
 from fleet.errors import BadInput, FleetError, StoreUnavailable
+from fleet.ops.loader import load_fleet
 from fleet.ops.render import one_line
 
 # Piped output (scripts, CI logs) is not cut to 80 columns: ids must stay whole.
@@ -24,7 +28,10 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 1000)
 AppOpt = Annotated[
     str | None, typer.Option("-A", "--app", help="application module, e.g. myapp.flows")
 ]
+LogLevelOpt = Annotated[str, typer.Option("--loglevel", "-l")]
 T = TypeVar("T")
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL")
 
 
 def guard(fn: Callable[[], T]) -> T:
@@ -42,3 +49,35 @@ def guard(fn: Callable[[], T]) -> T:
 def error(exc: Exception) -> None:
     # The message may quote a run id or an error from the store: text, never markup.
     err.print(Text.assemble(("error:", "red"), " ", one_line(exc)), soft_wrap=True)
+
+
+def say(*parts: str | tuple[str, str], to: Console = console) -> None:
+    """Print a message whose values are literal text (``(text, style)`` for a styled part)."""
+    to.print(
+        Text.assemble(
+            *(one_line(p) if isinstance(p, str) else (one_line(p[0]), p[1]) for p in parts)
+        ),
+        soft_wrap=True,
+    )
+
+
+def open_fleet(target: str | None, *, schema: bool = True, create: bool = False) -> Fleet:
+    """The app's Fleet, its store checked. Only ``create`` (worker, sweeper) may create
+    the embedded store; every read and operator command finds it as it is."""
+    fleet = load_fleet(target)
+    if schema:
+        fleet.ensure_schema(create=create)
+    return fleet
+
+
+def positive(value: float, option: str) -> float:
+    """A finite number above zero, or one line naming the option (NaN passes ``<= 0``)."""
+    if not math.isfinite(value) or value <= 0:
+        raise BadInput(f"{option} must be a positive number, got {value}")
+    return value
+
+
+def check_loglevel(loglevel: str) -> str:
+    if loglevel.upper() not in LOG_LEVELS:
+        raise BadInput(f"--loglevel {loglevel!r}: one of {', '.join(LOG_LEVELS)}")
+    return loglevel

@@ -3,6 +3,7 @@ SIGKILL partway through, and the run resuming at that step on the other worker."
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -20,9 +21,11 @@ from rich.text import Text
 
 from fleet.app import Fleet
 from fleet.config import Settings
-from fleet.ops.procs import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
+from fleet.errors import BadInput
 from fleet.ops.render import status_text
 from fleet.records import attempts_by_step, saved_by_resume
+from fleet.states import AttemptOutcome, RunStatus, StepKind, StepStatus
+from fleet.testing import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
 
 APP = "tasks"
 WORKFLOW = "research_deep"
@@ -31,6 +34,8 @@ KILL_STEP = "critique#2"  # a sequential step, late in the run: exactly one step
 LEASE_SECONDS = 3.0
 MODEL_LATENCY = 0.6
 TIMEOUT = 120.0
+# An attempt whose worker died, or that was fenced when another took over.
+_CRASHED = (AttemptOutcome.LOST, AttemptOutcome.FENCED)
 
 
 @dataclass
@@ -43,15 +48,27 @@ class Story:
         self.events.append(f"{time.strftime('%H:%M:%S')}  {text}")
 
 
-def run_demo(
-    console: Console, *, keep: bool, database_url: str | None, broker_url: str | None
-) -> int:
-    """Tell the crash-and-resume story; 0 only if the run succeeded and no completed
-    step ran twice."""
-    home = Path(".fleet").resolve() if keep else Path(tempfile.mkdtemp(prefix="fleet-demo-"))
-    home.mkdir(parents=True, exist_ok=True)
-    logdir = home / "demo-logs"
-    logdir.mkdir(exist_ok=True)
+def example_fleet() -> Fleet:
+    """The example agents' Fleet (``APP.fleet``), found by module name: the library
+    does not depend on them, they ship beside it."""
+    try:
+        module = importlib.import_module(APP)
+    except ModuleNotFoundError as exc:
+        if exc.name != APP:
+            raise
+        raise BadInput(
+            f"fleet demo runs the example agents (the {APP!r} package), which are not "
+            "installed: run it from a checkout of fleet, or pip install it from there"
+        ) from None
+    found = getattr(module, "fleet", None)
+    if not isinstance(found, Fleet):
+        raise BadInput(f"module {APP!r} has no fleet.Fleet named 'fleet'")
+    return found
+
+
+def _demo_env(home: Path, database_url: str | None, broker_url: str | None) -> dict[str, str]:
+    """The demo's processes' environment: the user's, without their FLEET_* settings,
+    and a short lease so that the takeover is seen within seconds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env.update(
         FLEET_DATABASE_URL=database_url or f"sqlite:///{home}/fleet.db",
@@ -61,6 +78,20 @@ def run_demo(
         FLEET_SWEEP_GRACE="2",
         FLEET_MODEL_LATENCY=str(MODEL_LATENCY),
     )
+    return env
+
+
+def run_demo(
+    console: Console, *, keep: bool, database_url: str | None, broker_url: str | None
+) -> int:
+    """Tell the crash-and-resume story; 0 only if the run succeeded and no completed
+    step ran twice."""
+    example = example_fleet()  # first: without the examples, nothing to set up or clean
+    home = Path(".fleet").resolve() if keep else Path(tempfile.mkdtemp(prefix="fleet-demo-"))
+    home.mkdir(parents=True, exist_ok=True)
+    logdir = home / "demo-logs"
+    logdir.mkdir(exist_ok=True)
+    env = _demo_env(home, database_url, broker_url)
     where = "Postgres + Redis" if database_url else f"the embedded store in {home}"
     console.print(
         Panel.fit(
@@ -70,8 +101,6 @@ def run_demo(
             f"step on the other worker, re-running nothing that had finished.",
         )
     )
-    from tasks import fleet as example
-
     client = example.with_settings(Settings.from_env(env))
     client.upgrade_schema()
     procs: list[FleetProcess] = []
@@ -121,14 +150,14 @@ def _follow(
         while True:
             run = q.run(run_id)
             assert run is not None
-            steps = [s for s in q.steps(run_id) if s.kind == "task"]
+            steps = [s for s in q.steps(run_id) if s.kind == StepKind.TASK]
             if not story.killed_worker:
                 _maybe_kill(client, steps, procs, story)
             elif not story.resumed:
                 _maybe_resumed(steps, story)
             live.update(_live_view(run, steps, story))
-            if run.status in ("succeeded", "failed", "cancelled"):
-                return bool(run.status == "succeeded")
+            if RunStatus(run.status).finished:
+                return bool(run.status == RunStatus.SUCCEEDED)
             if time.monotonic() > deadline:
                 story.say(f"[red]gave up after {TIMEOUT:.0f}s[/red]")
                 live.update(_live_view(run, steps, story))
@@ -137,7 +166,9 @@ def _follow(
 
 
 def _maybe_kill(client: Fleet, steps: list[Any], procs: list[FleetProcess], story: Story) -> None:
-    target = next((s for s in steps if s.step_id == KILL_STEP and s.status == "running"), None)
+    target = next(
+        (s for s in steps if s.step_id == KILL_STEP and s.status == StepStatus.RUNNING), None
+    )
     if target is None or not target.lease_owner:
         return
     name, _, pid = target.lease_owner.rpartition(":")
@@ -158,7 +189,12 @@ def _maybe_kill(client: Fleet, steps: list[Any], procs: list[FleetProcess], stor
 def _maybe_resumed(steps: list[Any], story: Story) -> None:
     ids = [s.step_id for s in steps]
     target = next((s for s in steps if s.step_id == KILL_STEP), None)
-    if target is None or target.epoch < 2 or not target.lease_owner and target.status != "done":
+    if (
+        target is None
+        or target.epoch < 2
+        or not target.lease_owner
+        and target.status != StepStatus.DONE
+    ):
         return
     story.resumed = True
     holder = (target.lease_owner or "").rsplit(":", 1)[0] or "a live worker"
@@ -183,7 +219,7 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
     q = client.runtime.queries
     run = q.run(run_id)
     assert run is not None
-    steps = [s for s in q.steps(run_id) if s.kind == "task"]
+    steps = [s for s in q.steps(run_id) if s.kind == StepKind.TASK]
     by_step = attempts_by_step(q.attempts(run_id))
 
     table = Table(title="every step")
@@ -192,7 +228,8 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
     for s in steps:
         atts = by_step.get(s.step_id, [])
         on = ", ".join(
-            f"{a.worker.rsplit(':', 1)[0]}" + ("" if a.outcome == "done" else f" ({a.outcome})")
+            a.worker.rsplit(":", 1)[0]
+            + ("" if a.outcome == AttemptOutcome.DONE else f" ({a.outcome})")
             for a in atts
         )
         table.add_row(s.step_id, str(len(atts)), on, str(s.epoch), status_text(s.status))
@@ -203,7 +240,7 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
     cost = Table(title="what the crash cost", show_header=True)
     for col in ("", "steps", "model calls", "tokens", "cost"):
         cost.add_column(col)
-    killed = [a for atts in by_step.values() for a in atts if a.outcome in ("lost", "fenced")]
+    killed = [a for atts in by_step.values() for a in atts if a.outcome in _CRASHED]
     lost_tokens = sum(a.input_tokens + a.output_tokens for a in killed)
     cost.add_row(
         "re-run after the crash (fleet)",
@@ -225,7 +262,7 @@ def _summary(console: Console, client: Fleet, run_id: str, story: Story) -> None
         f"run spend: {usage['calls']} model calls, {usage['tokens']:,} tokens, "
         f"${usage['cost']:.4f} (every attempt, the killed one included)"
     )
-    if run.status == "succeeded":
+    if run.status == RunStatus.SUCCEEDED:
         result = client.runtime.payloads.load(run.result)
         report = result.get("report", "") if isinstance(result, dict) else str(result)
         console.print(Panel(report, title=f"result · run {run_id} succeeded"))
@@ -238,7 +275,7 @@ def _no_completed_step_ran_twice(client: Fleet, run_id: str, story: Story) -> bo
         return False  # the story did not happen: nothing was shown
     by_step = attempts_by_step(client.runtime.queries.attempts(run_id))
     return all(
-        sum(a.outcome == "done" for a in atts) == 1
-        and (len(atts) == 1 or atts[0].outcome in ("lost", "fenced"))
+        sum(a.outcome == AttemptOutcome.DONE for a in atts) == 1
+        and (len(atts) == 1 or atts[0].outcome in _CRASHED)
         for atts in by_step.values()
     )

@@ -19,20 +19,30 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.records import attempts_by_step, saved_by_resume
-from fleet.states import RunStatus
+from fleet.states import Incident, IntentOutcome, RunStatus, StepKind, StepStatus
 
-STATUS_STYLE = {
-    "succeeded": "green",
-    "done": "green",
-    "running": "cyan",
-    "queued": "white",
-    "pending": "white",
-    "waiting": "yellow",
-    "retry_wait": "yellow",
-    "needs_decision": "magenta",
-    "failed": "red",
-    "dead": "red",
-    "cancelled": "dim",
+# Every status has a style (tests/unit/test_render.py): green ended well, red ended
+# badly, magenta waits for a person, yellow waits for time or a signal.
+RUN_STYLE: dict[RunStatus, str] = {
+    RunStatus.QUEUED: "white",
+    RunStatus.RUNNING: "cyan",
+    RunStatus.WAITING: "yellow",
+    RunStatus.NEEDS_DECISION: "magenta",
+    RunStatus.SUCCEEDED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.CANCELLED: "dim",
+}
+STEP_STYLE: dict[StepStatus, str] = {
+    StepStatus.PENDING: "white",
+    StepStatus.RUNNING: "cyan",
+    StepStatus.RETRY_WAIT: "yellow",
+    StepStatus.IN_DOUBT: "magenta",
+    StepStatus.DONE: "green",
+    StepStatus.DEAD: "red",
+}
+# A view is given a status's value (both enums say "running", in the same style).
+STATUS_STYLE: dict[str, str] = {
+    status.value: style for status, style in [*RUN_STYLE.items(), *STEP_STYLE.items()]
 }
 
 
@@ -129,28 +139,7 @@ def run_view(
                 f"${saved['cost']:.4f}"
             ),
         )
-    if run.status == "needs_decision" and run.decision == "budget":
-        head.add_row(
-            "needs a decision",
-            plain(
-                f"budget reached: fleet resolve {run.id} --raise-budget tokens=N (or cost=X), "
-                f"or fleet cancel {run.id}",
-                style="magenta",
-            ),
-        )
-    if incidents.get("version_mismatch") and not RunStatus(run.status).finished:
-        head.add_row(
-            "waits for",
-            plain(
-                f"a worker with {run.workflow} version {run.version}: "
-                f"{incidents['version_mismatch']} time(s) a worker of another version left it",
-                style="yellow",
-            ),
-        )
-    if incidents:
-        head.add_row(
-            "incidents", plain(", ".join(f"{k}: {v}" for k, v in sorted(incidents.items())))
-        )
+    _attention_rows(head, run, incidents)
     if run.result is not None:
         head.add_row("result", plain(clip(run.result, 300)))
     if run.error:
@@ -158,7 +147,7 @@ def run_view(
     parts: list[Any] = [head, steps_table(steps, attempts)]
     if intents:
         parts.append(intents_table(intents))
-    in_doubt = [s.step_id for s in steps if s.status == "in_doubt"]
+    in_doubt = [s.step_id for s in steps if s.status == StepStatus.IN_DOUBT]
     if in_doubt:
         parts.append(
             plain(
@@ -167,6 +156,34 @@ def run_view(
             )
         )
     return Group(*parts)
+
+
+def _attention_rows(head: Table, run: Any, incidents: dict[str, int]) -> None:
+    """What an operator must act on or know about: a budget reached, a version no
+    worker serves, the run's incidents."""
+    if run.status == RunStatus.NEEDS_DECISION and run.decision == "budget":
+        head.add_row(
+            "needs a decision",
+            plain(
+                f"budget reached: fleet resolve {run.id} --raise-budget tokens=N (or cost=X), "
+                f"or fleet cancel {run.id}",
+                style="magenta",
+            ),
+        )
+    mismatches = incidents.get(Incident.VERSION_MISMATCH)
+    if mismatches and not RunStatus(run.status).finished:
+        head.add_row(
+            "waits for",
+            plain(
+                f"a worker with {run.workflow} version {run.version}: "
+                f"{mismatches} time(s) a worker of another version left it",
+                style="yellow",
+            ),
+        )
+    if incidents:
+        head.add_row(
+            "incidents", plain(", ".join(f"{k}: {v}" for k, v in sorted(incidents.items())))
+        )
 
 
 def _grid() -> Table:
@@ -192,7 +209,7 @@ def intents_table(intents: Sequence[Any]) -> Table:
     for col in ("step", "epoch", "idempotency key", "outcome", "written"):
         table.add_column(col)
     for i in intents:
-        style = "magenta" if i.outcome == "open" else ""
+        style = "magenta" if i.outcome == IntentOutcome.OPEN else ""
         table.add_row(
             plain(i.step_id),
             str(i.epoch),
@@ -209,7 +226,7 @@ def steps_table(steps: Sequence[Any], attempts: Sequence[Any]) -> Table:
     for col in ("step", "status", "attempts", "epoch", "workers", "spend", "error"):
         table.add_column(col)
     for s in steps:
-        if s.kind != "task":
+        if s.kind != StepKind.TASK:
             continue
         atts = by_step.get(s.step_id, [])
         tokens = sum(a.input_tokens + a.output_tokens for a in atts)

@@ -2,6 +2,10 @@
 fatal: the store already records what the message would have said, and the sweeper
 re-derives it.
 
+The ``Dispatcher`` says what to send; a ``Sender`` delivers it. ``CelerySender`` is the
+one a ``Fleet`` uses; ``Dispatcher.use`` swaps it (``fleet.testing.InlineBroker`` keeps
+messages in memory and runs them in the test's own process).
+
 A message's shadow name (what Flower and Celery's logs call the task, and the ``task``
 label of Flower's Prometheus series) never holds an id: ``advance:<queue>`` for a run's
 wake-up (the queue names the workflow and its version) and ``<workflow>.<step name>``
@@ -12,6 +16,8 @@ bound; the ids travel in the message's arguments, where Flower shows them too.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Protocol
 
 from celery import Celery
 
@@ -26,38 +32,71 @@ def advance_shadow(queue: str) -> str:
     return f"advance:{queue}"
 
 
-class Dispatcher:
+@dataclass(frozen=True)
+class Message:
+    """One wake-up: ``task`` is ``ADVANCE`` (args: run id) or ``EXECUTE`` (run id,
+    step id); ``countdown`` delays its delivery by that many seconds."""
+
+    task: str
+    args: list[str]
+    queue: str
+    shadow: str
+    countdown: float | None = None
+
+
+class Sender(Protocol):
+    """Delivers a message, or raises: the ``Dispatcher`` logs the failure and goes on
+    (the sweeper re-sends what was lost)."""
+
+    def send(self, message: Message) -> None: ...
+
+
+class CelerySender:
+    """Sends through a Celery app's broker connection."""
+
     def __init__(self, celery: Celery) -> None:
         self.celery = celery
 
+    def send(self, message: Message) -> None:
+        self.celery.send_task(
+            message.task,
+            args=message.args,
+            queue=message.queue,
+            shadow=message.shadow,
+            countdown=message.countdown,
+            ignore_result=True,
+        )
+
+
+class Dispatcher:
+    """Sends the engine's wake-ups; each call returns whether the message went out."""
+
+    def __init__(self, sender: Sender) -> None:
+        self.sender = sender
+
+    def use(self, sender: Sender) -> Sender:
+        """Send through ``sender`` from now on; returns the one it replaces."""
+        previous, self.sender = self.sender, sender
+        return previous
+
     def advance(self, run_id: str, queue: str) -> bool:
-        return self._send(ADVANCE, [run_id], queue, shadow=advance_shadow(queue))
+        return self._send(Message(ADVANCE, [run_id], queue, advance_shadow(queue)))
 
     def execute(
         self, run_id: str, step_id: str, queue: str, *, shadow: str, countdown: float | None = None
     ) -> bool:
-        return self._send(EXECUTE, [run_id, step_id], queue, shadow=shadow, countdown=countdown)
+        return self._send(Message(EXECUTE, [run_id, step_id], queue, shadow, countdown))
 
-    def _send(
-        self,
-        task: str,
-        args: list[str],
-        queue: str,
-        *,
-        shadow: str,
-        countdown: float | None = None,
-    ) -> bool:
+    def _send(self, message: Message) -> bool:
         try:
-            self.celery.send_task(
-                task, args=args, queue=queue, shadow=shadow, countdown=countdown, ignore_result=True
-            )
+            self.sender.send(message)
             return True
         except Exception as exc:  # broker down, connection reset: the sweeper re-sends
             log.warning(
                 "could not send %s%s to queue %s (%s); the sweeper will re-send it",
-                task,
-                args,
-                queue,
+                message.task,
+                message.args,
+                message.queue,
                 exc,
             )
             return False

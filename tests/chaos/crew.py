@@ -7,7 +7,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from fleet.ops.procs import WORKER_READY, FleetProcess, worker_argv
+from fleet.testing import WORKER_READY, FleetProcess, worker_argv
 
 APP = "tests.chaos.flows"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet import Settings
-from fleet.ops.procs import SWEEPER_READY, FleetProcess, sweeper_argv
+from fleet.testing import SWEEPER_READY, FleetProcess, sweeper_argv
 from tests.chaos import flows
 from tests.chaos.crew import APP, Crew
 from tests.chaos.injector import Injector, Plan

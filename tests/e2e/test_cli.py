@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from fleet import Fleet
-from tests.harness import ROOT, Backend, Cluster
+from fleet.testing import SWEEPER_READY, FleetProcess, sweeper_argv
+from tests.harness import APP, ROOT, Backend, Cluster
 
 
 def fleet_cli(
@@ -117,6 +118,18 @@ def test_malformed_messages_are_set_aside_and_counted(
     assert client.runtime.queries.incident_counts().get("malformed_message") == 1
     expected = 3 if backend.kind == "sqlite" else 2
     assert client.runtime.queries.dead_message_count() == expected
+
+
+def test_the_sweeper_sweeps_at_the_interval_it_is_given(backend: Backend, client: Fleet) -> None:
+    """``--interval`` wins over FLEET_SWEEP_INTERVAL (0.2 in the test environment)."""
+    proc = FleetProcess(
+        "sweeper", [*sweeper_argv(APP), "--interval", "0.35"], backend.env(), backend.workdir
+    )
+    try:
+        assert proc.wait_for_output(SWEEPER_READY, 30), proc.output()
+        assert "sweeper started: every 0.35s" in proc.output()
+    finally:
+        proc.stop()
 
 
 def test_python_dash_m_fleet_works() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleet import BadInput, Fleet
-from fleet.ops.procs import FleetProcess
+from fleet.testing import FleetProcess
 from tests import hostile_app
 from tests.e2e.test_cli import fleet_cli, one_line_error
 from tests.harness import Backend, InlineBroker, poll

@@ -62,3 +62,23 @@ def test_demo_keep_leaves_state_for_the_cli(tmp_path: Path) -> None:
         timeout=60,
     )
     assert runs.returncode == 0 and "research_deep" in runs.stdout and "succeeded" in runs.stdout
+
+
+def test_demo_without_the_example_agents_says_so_in_one_line(tmp_path: Path) -> None:
+    """The library does not depend on ``tasks``: the demo loads it by name and, when it
+    cannot, says why and starts nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(PYTHONPATH=str(ROOT), COLUMNS="120")
+    blocked = "import sys; sys.modules['tasks'] = None; from fleet.ops.cli import main; main()"
+    out = subprocess.run(
+        [sys.executable, "-c", blocked, "demo"],
+        cwd=tmp_path,
+        env={**env, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1 and "'tasks' package" in out.stderr
+    assert "fleet demo" not in out.stdout, "nothing is shown before the examples are found"
+    assert list(tmp_path.iterdir()) == [], "nothing is created either"

@@ -461,7 +461,7 @@ def consumed_queues(app: str) -> list[str]:
         [
             sys.executable,
             "-c",
-            "import json, fleet.cli as cli; from fleet.ops.loader import load_fleet; "
+            "import json, fleet.ops.cli_admin as cli; from fleet.ops.loader import load_fleet; "
             f"f = load_fleet({app!r}); "
             "qs = getattr(cli, 'worker_queues', lambda f: [f.settings.queue]); "
             "print(json.dumps(qs(f)))",

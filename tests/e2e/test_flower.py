@@ -24,7 +24,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 
-from fleet.ops.procs import WORKER_READY, FleetProcess, worker_argv
+from fleet.testing import WORKER_READY, FleetProcess, worker_argv
 from tests.harness import APP, REDIS_HOST, REDIS_PORT, ROOT, poll, require_services
 
 FLOWER_CFG = ROOT / "flower.cfg"

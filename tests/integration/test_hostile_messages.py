@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from fleet import Fleet
-from fleet.ops.procs import FleetProcess
 from fleet.store import schema
+from fleet.testing import FleetProcess
 from tests.harness import REDIS_DB, REDIS_HOST, REDIS_PORT, Backend, Cluster, poll
 
 QUEUE = "fleet"  # the default queue every test worker consumes

@@ -11,8 +11,8 @@ import urllib.request
 import pytest
 
 from fleet import Fleet, RunFailed
-from fleet.ops.procs import FleetProcess
 from fleet.store.ledger import Lease
+from fleet.testing import FleetProcess
 from fleet.worker.replay import advance
 from tests.harness import APP, Backend, Cluster, InlineBroker, find_event, poll, starts
 
