@@ -89,6 +89,13 @@ class IntentOutcome(StrEnum):
     SUPERSEDED = "superseded"  # retried (idempotent, reconcile said no, or resolve --retry)
 
 
+class Decision(StrEnum):
+    """Why a run in needs_decision waits for a person."""
+
+    EFFECT = "effect"  # an effect in doubt: fleet resolve RUN STEP (--output | --retry)
+    BUDGET = "budget"  # its spend reached its budget: fleet resolve RUN --raise-budget
+
+
 @dataclass(frozen=True, slots=True)
 class Transition:
     """One allowed status change: of a ``subject`` (a run or a step) from any of

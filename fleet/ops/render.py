@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.records import attempts_by_step, saved_by_resume
-from fleet.states import Incident, IntentOutcome, RunStatus, StepKind, StepStatus
+from fleet.states import Decision, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
 
 # Every status has a style (tests/unit/test_render.py): green ended well, red ended
 # badly, magenta waits for a person, yellow waits for time or a signal.
@@ -161,7 +161,7 @@ def run_view(
 def _attention_rows(head: Table, run: Any, incidents: dict[str, int]) -> None:
     """What an operator must act on or know about: a budget reached, a version no
     worker serves, the run's incidents."""
-    if run.status == RunStatus.NEEDS_DECISION and run.decision == "budget":
+    if run.status == RunStatus.NEEDS_DECISION and run.decision == Decision.BUDGET:
         head.add_row(
             "needs a decision",
             plain(

@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.states import AttemptOutcome, IntentOutcome, RunStatus, StepKind, StepStatus
+from fleet.states import (
+    AttemptOutcome,
+    Decision,
+    IntentOutcome,
+    RunStatus,
+    StepKind,
+    StepStatus,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +42,7 @@ class RunRow:
     finished_at: float | None
     budget_tokens: int | None
     budget_cost: float | None
-    decision: str | None
+    decision: Decision | None
 
     @classmethod
     def from_row(cls, row: Any) -> RunRow:
@@ -43,6 +50,8 @@ class RunRow:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", RunStatus(self.status))
+        if self.decision is not None:
+            object.__setattr__(self, "decision", Decision(self.decision))
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy import update as _update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from fleet.states import TRANSITIONS, RunStatus, StepKind
+from fleet.states import TRANSITIONS, Decision, RunStatus, StepKind
 from fleet.store.predicates import (
     DELAY,
     EPOCH,
@@ -126,10 +126,12 @@ REVOKE_LEASES = (
 )
 
 # --- park_run_in_doubt: run running → needs_decision ("effect") ----------------------
-PARK_RUN_IN_DOUBT = _run_move("park_run_in_doubt", decision="effect")
+PARK_RUN_IN_DOUBT = _run_move("park_run_in_doubt", decision=Decision.EFFECT)
 
 # --- park_over_budget: run running → needs_decision ("budget"), if spend reached it --
-PARK_OVER_BUDGET = _run_move("park_over_budget", decision="budget").where(~within_budget(RUN))
+PARK_OVER_BUDGET = _run_move("park_over_budget", decision=Decision.BUDGET).where(
+    ~within_budget(RUN)
+)
 
 # --- resolve_run: run needs_decision → running ---------------------------------------
 RESOLVE_RUN = _run_move("resolve_run", decision=None)
@@ -140,7 +142,7 @@ RAISE_BUDGET = _run_move(
     decision=None,
     budget_tokens=func.coalesce(bindparam("b_tokens", type_=BigInteger), runs.c.budget_tokens),
     budget_cost=func.coalesce(bindparam("b_cost", type_=Float), runs.c.budget_cost),
-).where(runs.c.decision == "budget")
+).where(runs.c.decision == Decision.BUDGET)
 
 # --- replay_run: run failed | running → running (a dead letter replayed) --------------
 REPLAY_RUN = _run_move("replay_run", error=None, result=None, finished_at=None)
