@@ -1,5 +1,9 @@
 """Connections: one engine per process, SQLite tuned for several processes, the
-database's clock, and driver errors translated at this boundary."""
+database's clock, and driver errors translated at this boundary.
+
+Transactions are passed by hand: ``Database.begin()`` opens one for a single store
+call; ``Database.transaction()`` opens one that several calls share, each given it
+explicitly (``begin(tx)``). Nothing is joined through state held on the thread."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -152,16 +156,20 @@ def _ping_idle_connections(engine: Engine) -> None:
 
 
 class CommitUnknown(StoreUnavailable):
-    """A unit's COMMIT failed: whether it applied is unknown until the store is read."""
+    """A transaction's COMMIT failed: whether it applied is unknown until the store is read."""
 
 
-class _Unit:
-    """The transaction a ``Database.unit`` holds on one thread, and what waits for it."""
+class Transaction:
+    """One open transaction, handed by the caller to every store call that is to run in
+    it (``Database.begin(tx)``, ``Ledger.within(tx)``): nothing joins it unasked.
+
+    ``failed``: the first store call that failed in it. Once set, the transaction can
+    only roll back, even if the caller caught the error and carried on."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.failed: BaseException | None = None
-        self.after: list[Callable[[], object]] = []
+        self.open = True
 
 
 class Database:
@@ -172,8 +180,6 @@ class Database:
         self._engine: Engine | None = None
         self._pid = 0
         self._lock = threading.Lock()
-        # The open unit of each thread (greenlet, under gevent's patching).
-        self._local = threading.local()
         self.history = HistoryCache()
 
     @property
@@ -194,12 +200,12 @@ class Database:
         return self.engine.dialect.name
 
     @contextmanager
-    def begin(self) -> Iterator[Connection]:
-        """One transaction; driver errors come out as ``StoreUnavailable``. Inside a
-        ``unit`` on this thread, the unit's transaction instead."""
-        unit: _Unit | None = getattr(self._local, "unit", None)
-        if unit is not None:
-            with self._joined(unit) as conn:
+    def begin(self, tx: Transaction | None = None) -> Iterator[Connection]:
+        """A transaction of its own, committed on leaving; with ``tx``, a part of that
+        one instead (committed or rolled back with it). Driver errors come out as
+        ``StoreUnavailable``."""
+        if tx is not None:
+            with self._within(tx) as conn:
                 yield conn
             return
         try:
@@ -209,46 +215,46 @@ class Database:
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
 
     @contextmanager
-    def _joined(self, unit: _Unit) -> Iterator[Connection]:
-        if unit.failed is not None:
-            raise StoreUnavailable(f"store call after a failed one in the same unit: {unit.failed}")
+    def _within(self, tx: Transaction) -> Iterator[Connection]:
+        if not tx.open:
+            raise RuntimeError("a store call in a transaction that has ended")
+        if tx.failed is not None:
+            raise StoreUnavailable(
+                f"store call after a failed one in the same transaction: {tx.failed}"
+            )
         try:
-            yield unit.conn
+            yield tx.conn
         except OperationalError as exc:
-            unit.failed = exc
+            tx.failed = exc
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
         except Exception as exc:
-            # Even if a caller swallows it, the unit must not commit after this.
-            unit.failed = exc
+            # Even if a caller swallows it, the transaction must not commit after this.
+            tx.failed = exc
             raise
 
     @contextmanager
-    def unit(self) -> Iterator[None]:
-        """One transaction for every store call this thread makes inside it, so several
+    def transaction(self) -> Iterator[Transaction]:
+        """One transaction for several store calls, each handed it by hand, so several
         conditional writes (and the reads between them) cost one round of BEGIN/COMMIT
-        and land together or not at all. Work registered with ``after_commit`` runs
-        once the unit has committed, and never if it rolls back.
+        and land together or not at all. Commits on leaving.
 
-        Errors: anything raised inside rolls the unit back and propagates (driver errors
-        as ``StoreUnavailable``), as does a store call that failed even if its caller
+        Errors: anything raised inside rolls it back and propagates (driver errors as
+        ``StoreUnavailable``), as does a store call that failed in it even if its caller
         caught the error; a failed COMMIT raises ``CommitUnknown``."""
-        if getattr(self._local, "unit", None) is not None:
-            raise RuntimeError("Database.unit does not nest")
         try:
             conn = self.engine.connect()
         except OperationalError as exc:
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
-        unit = _Unit(conn)
+        tx = Transaction(conn)
         try:
             try:
                 conn.begin()
-                self._local.unit = unit
                 try:
-                    yield
+                    yield tx
                 finally:
-                    self._local.unit = None
-                if unit.failed is not None:
-                    raise StoreUnavailable(f"a store call in the unit failed: {unit.failed}")
+                    tx.open = False
+                if tx.failed is not None:
+                    raise StoreUnavailable(f"a store call in the transaction failed: {tx.failed}")
             except BaseException:
                 _quietly_rollback(conn)
                 raise
@@ -260,24 +266,6 @@ class Database:
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
         finally:
             conn.close()
-        for work in unit.after:
-            try:
-                work()
-            except Exception:  # the unit has committed: nothing here may undo or redo it
-                log.exception("work after a commit failed")
-
-    @property
-    def in_unit(self) -> bool:
-        """Whether this thread has a unit open (its store calls join it)."""
-        return getattr(self._local, "unit", None) is not None
-
-    def after_commit(self, work: Callable[[], object]) -> None:
-        """Run ``work`` when this thread's open unit commits; with none open, now."""
-        unit: _Unit | None = getattr(self._local, "unit", None)
-        if unit is None:
-            work()
-        else:
-            unit.after.append(work)
 
     def has_schema(self) -> bool:
         try:
@@ -296,7 +284,7 @@ def _quietly_rollback(conn: Connection) -> None:
     try:
         conn.rollback()
     except Exception as exc:  # the connection is gone; the server rolls back itself
-        log.debug("rollback of a failed unit failed too: %s", exc)
+        log.debug("rollback of a failed transaction failed too: %s", exc)
 
 
 def redact(url: str) -> str:

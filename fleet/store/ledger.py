@@ -1,7 +1,8 @@
 """The one writer. Every state change in fleet is a method of ``Ledger``, and every
 method follows one shape:
 
-1. open the transaction (``self.db.begin()``);
+1. open the transaction (``self.db.begin(self.tx)``: its own, or, for a ledger bound
+   to the caller's transaction with ``within(tx)``, a part of that one);
 2. run the one conditional statement that decides (``UPDATE … WHERE status IN
    (sources) AND epoch = :held``, or an insert that is a no-op on conflict), from
    ``fleet/store/transitions.py``, named after its entry of ``fleet.states.TRANSITIONS``;
@@ -82,7 +83,7 @@ class Ledger(StepLedger):
             "b_budget_cost": budget_cost,
             "b_grace": self.grace,
         }
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             created = conn.execute(sql.CREATE_RUN[conn.dialect.name], params).first()
             return created is not None  # None: a duplicate enqueue
 
@@ -97,7 +98,7 @@ class Ledger(StepLedger):
         advance finished it first, or it was cancelled meanwhile (both mean: nothing to do)."""
         assert status in (RunStatus.SUCCEEDED, RunStatus.FAILED)
         stmt = sql.FINISH_RUN[status]
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             params = {"b_run": run_id, "b_output": result, "b_error": error}
             return conn.execute(stmt, params).rowcount == 1
 
@@ -106,7 +107,7 @@ class Ledger(StepLedger):
         the same transaction (revoke_lease: running → pending, epoch+1), so their commits
         are fenced and their heartbeats fail; no step of a cancelled run can take a
         lease, and no advance replays it. False: the run had finished already."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             params = {"b_run": run_id, "b_error": f"cancelled: {reason}"}
             if conn.execute(sql.CANCEL_RUN, params).rowcount != 1:
                 return False  # not live: finished (or cancelled) already
@@ -123,7 +124,7 @@ class Ledger(StepLedger):
 
     def _move_run(self, stmt: Executable, run_id: str) -> bool:
         """A run transition with no derived writes. False: the run was not in its sources."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return conn.execute(stmt, {"b_run": run_id}).rowcount == 1
 
     # --- decisions: an effect in doubt, a budget -----------------------------------
@@ -147,7 +148,7 @@ class Ledger(StepLedger):
                 {**key, "b_grace": self.grace},
                 IntentOutcome.SUPERSEDED,
             )
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             if conn.execute(stmt, params).rowcount != 1:
                 return False  # not in doubt: resolved already, or never was
             self._settle_intents(conn, run_id, step_id, settled)
@@ -165,7 +166,7 @@ class Ledger(StepLedger):
         """raise_budget: needs_decision ("budget") → running with new limits (None: that
         limit stays). The caller sends the run's takeable steps; the sweeper re-sends them
         after grace if that is lost. False: the run was not parked for budget."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             params = {"b_run": run_id, "b_tokens": tokens, "b_cost": cost}
             if conn.execute(sql.RAISE_BUDGET, params).rowcount != 1:
                 return False  # not parked for budget
@@ -176,7 +177,7 @@ class Ledger(StepLedger):
 
     def add_signal(self, run_id: str, name: str, payload: str) -> int | None:
         """Keep a signal for the run's waits; None if the run is not live (anymore)."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             params = {"b_run": run_id, "b_name": name, "b_payload": payload}
             row = conn.execute(sql.ADD_SIGNAL, params).first()
             return None if row is None else int(row[0])
@@ -187,7 +188,7 @@ class Ledger(StepLedger):
         order. Each hand-over is two conditional writes in one savepoint: the signal is
         consumed only if the wait was still pending. Returns how many waits settled."""
         delivered = 0
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             for step_id, wait_name in conn.execute(sql.PENDING_WAITS, {"b_run": run_id}).all():
                 name = wait_name[len("wait:") :]
                 signal = conn.execute(sql.OLDEST_SIGNAL, {"b_run": run_id, "b_name": name}).first()
@@ -211,7 +212,7 @@ class Ledger(StepLedger):
         """fire_due_wait: settle waits and sleeps whose due time has come (a wait's
         timeout returns None) and wake their runs. Returns (run_id, queue) of each
         woken run."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             woken: dict[str, str] = {}
             for run_id, step_id in conn.execute(DUE_WAITS, {"b_limit": limit}).all():
                 key = {"b_run": run_id, "b_step": step_id}
@@ -224,7 +225,7 @@ class Ledger(StepLedger):
     def mark_advanced(self, run_id: str, seq: int) -> None:
         """Record that a replay has seen every wake-up up to ``seq``. Zero rows: a later
         advance already recorded more (monotonic, so nothing is lost)."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             conn.execute(derived.MARK_ADVANCED, {"b_run": run_id, "b_seq": seq})
 
     # --- steps recorded by replay --------------------------------------------
@@ -253,7 +254,7 @@ class Ledger(StepLedger):
             }
             for s in new
         ]
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             if rows:
                 # One prebuilt statement; several rows (a fan-out) go as one executemany.
                 conn.execute(sql.RECORD_STEP[conn.dialect.name], rows)

@@ -10,7 +10,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection, Row
 
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
-from fleet.store.engine import Database, db_now
+from fleet.store.engine import Database, Transaction, db_now
 from fleet.store.history import HistoryCache
 from fleet.store.predicates import RUN, SEQ, STEP, step_is
 from fleet.store.rows import (
@@ -134,34 +134,42 @@ def _durations(buckets: Sequence[float]) -> Any:
 
 
 class Queries:
-    def __init__(self, db: Database) -> None:
+    """The reads callers make. ``tx``: the transaction every read runs in, if bound to
+    one (``within``), so it sees that transaction's own writes; None: each opens its own."""
+
+    def __init__(self, db: Database, tx: Transaction | None = None) -> None:
         self.db = db
+        self.tx = tx
+
+    def within(self, tx: Transaction) -> Queries:
+        """These reads, run in ``tx``."""
+        return Queries(self.db, tx)
 
     def run(self, run_id: str) -> RunRow | None:
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return _first(RunRow, conn.execute(RUN_ROW, {"b_run": run_id}))
 
     def run_and_step(self, run_id: str, step_id: str) -> tuple[RunRow | None, StepRow | None]:
         """The run and one of its steps, in one transaction."""
         params = {"b_run": run_id, "b_step": step_id}
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             run = _first(RunRow, conn.execute(RUN_ROW, params))
             step = _first(StepRow, conn.execute(STEP_ROW, params)) if run else None
             return run, step
 
     def snapshot(self, run_id: str) -> Snapshot | None:
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return read_snapshot(conn, run_id, self.db.history)
 
     def runs(self, status: str | None = None, limit: int = 100) -> list[RunRow]:
         stmt = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
         if status:
             stmt = stmt.where(runs.c.status == status)
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return [RunRow.from_row(row) for row in conn.execute(stmt)]
 
     def steps(self, run_id: str) -> list[StepRow]:
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return [StepRow.from_row(row) for row in conn.execute(HISTORY, {"b_run": run_id})]
 
     def progress(self, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
@@ -174,11 +182,11 @@ class Queries:
             .where(steps.c.run_id.in_(list(run_ids)), steps.c.kind == StepKind.TASK)
             .group_by(steps.c.run_id)
         )
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return {r: (int(d or 0), int(n)) for r, d, n in conn.execute(stmt).all()}
 
     def step(self, run_id: str, step_id: str) -> StepRow | None:
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return _first(StepRow, conn.execute(STEP_ROW, {"b_run": run_id, "b_step": step_id}))
 
     def attempts(self, run_id: str) -> list[AttemptRow]:
@@ -187,11 +195,11 @@ class Queries:
             .where(attempts.c.run_id == run_id)
             .order_by(attempts.c.started_at, attempts.c.epoch)
         )
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return [AttemptRow.from_row(row) for row in conn.execute(stmt)]
 
     def usage(self, run_id: str) -> dict[str, Any]:
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             row = conn.execute(
                 select(
                     func.coalesce(func.sum(attempts.c.calls), 0),
@@ -213,14 +221,14 @@ class Queries:
         stmt = select(incidents.c.kind, func.count()).group_by(incidents.c.kind)
         if run_id is not None:
             stmt = stmt.where(incidents.c.run_id == run_id)
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return {kind: int(n) for kind, n in conn.execute(stmt).all()}
 
     def intents(self, run_id: str, step_id: str | None = None) -> list[IntentRow]:
         stmt = select(intents).where(intents.c.run_id == run_id)
         if step_id is not None:
             stmt = stmt.where(intents.c.step_id == step_id)
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             rows = conn.execute(stmt.order_by(intents.c.step_id, intents.c.epoch))
             return [IntentRow.from_row(row) for row in rows]
 
@@ -232,7 +240,7 @@ class Queries:
             intents.c.epoch < before_epoch,
             intents.c.outcome == IntentOutcome.OPEN,
         )
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return [IntentRow.from_row(row) for row in conn.execute(stmt)]
 
     def dead_letters(
@@ -248,22 +256,22 @@ class Queries:
             stmt = stmt.where(dead_letters.c.workflow == workflow)
         if not include_replayed:
             stmt = stmt.where(dead_letters.c.replayed_at.is_(None))
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return [DeadLetterRow.from_row(row) for row in conn.execute(stmt)]
 
     def dead_letter(self, letter_id: int) -> DeadLetterRow | None:
         stmt = select(dead_letters).where(dead_letters.c.id == letter_id)
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return _first(DeadLetterRow, conn.execute(stmt))
 
     def blob(self, digest: str) -> str | None:
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return conn.execute(select(blobs.c.body).where(blobs.c.digest == digest)).scalar()
 
     def figures(self, buckets: Sequence[float]) -> Figures:
         """Fleet-wide figures for the metrics endpoint, all from the store, so they are
         right however many workers there are."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             dead_total, dead_open = conn.execute(_DEAD_LETTERS).one()
             hist = conn.execute(_durations(buckets)).one()
             return Figures(
@@ -284,7 +292,7 @@ class Queries:
             )
 
     def now(self) -> float:
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return float(conn.execute(select(db_now())).scalar_one())
 
     # --- dead messages: broker messages that were not fleet's -------------------------
@@ -292,14 +300,14 @@ class Queries:
     def dead_messages(self, limit: int = 100) -> list[DeadMessageRow]:
         """The newest ``limit`` dead messages, newest first."""
         stmt = select(dead_messages).order_by(dead_messages.c.id.desc()).limit(limit)
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return [DeadMessageRow.from_row(row) for row in conn.execute(stmt)]
 
     def dead_message(self, message_id: int) -> DeadMessageRow | None:
         stmt = select(dead_messages).where(dead_messages.c.id == message_id)
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return _first(DeadMessageRow, conn.execute(stmt))
 
     def dead_message_count(self) -> int:
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return int(conn.execute(select(func.count()).select_from(dead_messages)).scalar_one())

@@ -1,10 +1,11 @@
 """The ledger's step transitions: an attempt's lease, its end (commit, retry, dead
 letter, in doubt), a dead letter's replay, and an effect's intents.
 
-Each method opens one transaction, runs the one statement that decides (from
-``fleet/store/transitions.py``), handles its zero-rows case by name (fenced, not
-takeable and why, not replayable and why), then makes the derived writes in the same
-transaction: the attempt log, intents, incidents, the dead letter, the wake-up.
+Each method opens one transaction (or runs in the caller's: ``within``), runs the
+one statement that decides (from ``fleet/store/transitions.py``), handles its
+zero-rows case by name (fenced, not takeable and why, not replayable and why), then
+makes the derived writes in the same transaction: the attempt log, intents,
+incidents, the dead letter, the wake-up.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class StepLedger(Upkeep):
         attempts+1 in one write, only while the run is live and the attempt cap is not
         spent. Zero rows: why not, named (``TakeRefused``)."""
         key = {"b_run": run_id, "b_step": step_id}
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             params = {**key, "b_owner": owner, "b_lease": lease_seconds}
             taken = conn.execute(sql.TAKE, params).first()
             if taken is None:
@@ -143,14 +144,14 @@ class StepLedger(Upkeep):
 
     def heartbeat(self, run_id: str, step_id: str, epoch: int, lease_seconds: float) -> bool:
         """Extend a held lease. False: the lease was lost (taken over or revoked)."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             params = {**_key(run_id, step_id, epoch), "b_lease": lease_seconds}
             return conn.execute(sql.RENEW, params).rowcount == 1
 
     def release_lease(self, run_id: str, step_id: str, epoch: int) -> bool:
         """A worker shutting down gives a held lease up: it expires now. False: it was
         not held any more (taken over, revoked, or the step finished)."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             return conn.execute(sql.RELEASE, _key(run_id, step_id, epoch)).rowcount == 1
 
     def commit_output(
@@ -170,7 +171,7 @@ class StepLedger(Upkeep):
         with the commit (no other step writes intents). With ``snapshot``, an applied
         commit also reads the run and its history for the replay that follows (one
         transaction instead of two)."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             key = _key(run_id, step_id, epoch)
             fenced = conn.execute(sql.COMMIT, {**key, "b_output": output}).rowcount != 1
             if fenced:
@@ -197,7 +198,7 @@ class StepLedger(Upkeep):
         """schedule_retry: running → retry_wait with its due time in the store. False:
         fenced. With ``countdown`` the caller sends a delayed message itself, so the
         sweeper waits one grace period past the due time before it re-sends."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             params = {
                 **_key(run_id, step_id, epoch),
                 "b_delay": delay,
@@ -232,7 +233,7 @@ class StepLedger(Upkeep):
         raced (another writer settled the step first)."""
         error = f"{error_type}: {error_message}"
         key = {"b_run": run_id, "b_step": step_id}
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             if epoch is None:
                 row = conn.execute(sql.DEAD_LETTER_EXHAUSTED, {**key, "b_error": error}).first()
                 if row is None:
@@ -269,7 +270,7 @@ class StepLedger(Upkeep):
         The first statement decides, re-checking the step and the run inside its WHERE
         clause; the two after it cannot miss, as only a replay moves a step out of dead.
         """
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             letter = conn.execute(sql.REPLAY_LETTER, {"b_letter": letter_id}).first()
             if letter is None:
                 return self._why_not_replayed(conn, letter_id)
@@ -297,14 +298,14 @@ class StepLedger(Upkeep):
     ) -> bool:
         """The write-ahead intent, committed before an effect's body runs, only while the
         lease is held. False: the lease was lost; the body must not run."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             params = {**_key(run_id, step_id, epoch), "b_key": key, "b_input_hash": input_hash}
             return conn.execute(derived.WRITE_INTENT, params).first() is not None
 
     def supersede_intents(self, run_id: str, step_id: str, epoch: int) -> bool:
         """Earlier in-doubt intents will be retried under this epoch's key (an idempotent
         effect, or its reconcile hook said it had not happened). False: lease lost."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             if conn.execute(derived.HELD, _key(run_id, step_id, epoch)).first() is None:
                 return False  # fenced
             self._settle_intents(conn, run_id, step_id, IntentOutcome.SUPERSEDED, before=epoch)
@@ -314,7 +315,7 @@ class StepLedger(Upkeep):
         """park_in_doubt: step running → in_doubt, and park_run_in_doubt: run running →
         needs_decision. An earlier attempt may have acted, the step cannot ask the world,
         and retrying would be a guess. False: fenced."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             if conn.execute(sql.PARK_IN_DOUBT, _key(run_id, step_id, epoch)).rowcount != 1:
                 return False  # fenced
             self._close_attempt(

@@ -1,7 +1,7 @@
 """The ledger's upkeep: writes that change no status. The sweeper's claims on
 stalled steps and runs, incidents, dead messages, blobs, model spend, and
 retention's deletes. Each statement is built once, below; each method is one
-short transaction.
+short transaction (the caller's, for a ledger bound with ``within``).
 
 ``LedgerBase`` also holds the derived writes every transition shares (a run's
 wake-up, the attempt log, intents, incidents): ``fleet/store/ledger.py`` composes
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 from sqlalchemy import BigInteger, Float, String, bindparam, delete, func, insert, not_, or_
 from sqlalchemy import select as _select
@@ -23,7 +23,7 @@ from sqlalchemy.sql.elements import BindParameter
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind
 from fleet.store import derived, pruning
 from fleet.store import transitions as sql
-from fleet.store.engine import Database
+from fleet.store.engine import Database, Transaction
 from fleet.store.predicates import EPOCH, GRACE, LIMIT, RUN, STEP, now, run_is, step_is, takeable
 from fleet.store.schema import attempts, blobs, dead_messages, runs, steps
 
@@ -143,11 +143,19 @@ def clip_text(text: str, max_bytes: int) -> str:
 
 
 class LedgerBase:
-    """The store, the grace period, and the derived writes every transition shares."""
+    """The store, the grace period, and the derived writes every transition shares.
 
-    def __init__(self, db: Database, grace: float = 5.0) -> None:
+    ``tx``: the transaction every method runs in, if this ledger was bound to one
+    (``within``); None: each method opens and commits its own."""
+
+    def __init__(self, db: Database, grace: float = 5.0, tx: Transaction | None = None) -> None:
         self.db = db
         self.grace = grace
+        self.tx = tx
+
+    def within(self, tx: Transaction) -> Self:
+        """This ledger with every method run in ``tx``, committed or rolled back with it."""
+        return type(self)(self.db, self.grace, tx)
 
     def _wake(self, conn: Connection, run_id: str) -> None:
         """Note that the run needs replaying; the sweeper re-sends if the advance is lost."""
@@ -217,7 +225,7 @@ class Upkeep(LedgerBase):
         takeable now and past their re-send time. Claiming pushes the re-send time
         out (linear back-off), so concurrent sweepers and a long backlog do not
         multiply messages. Returns (run_id, step_id, queue, workflow, step name)."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             claimed: list[tuple[str, str, str, str, str]] = []
             for run_id, step_id in conn.execute(STALLED_STEPS, {"b_limit": limit}).all():
                 key = {"b_run": run_id, "b_step": step_id}
@@ -231,7 +239,7 @@ class Upkeep(LedgerBase):
     def claim_stalled_runs(self, limit: int = 500) -> list[tuple[str, str]]:
         """Runs with a wake-up no replay has answered (a lost advance message), past
         their re-send time. Returns (run_id, queue)."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             ids = list(conn.execute(STALLED_RUNS, {"b_limit": limit}).scalars())
             claimed: list[tuple[str, str]] = []
             for run_id in ids:
@@ -251,7 +259,7 @@ class Upkeep(LedgerBase):
         worker: str | None = None,
         detail: str | None = None,
     ) -> None:
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             self._incident(conn, kind, run_id, step_id, epoch, worker, detail)
 
     # --- spend and blobs --------------------------------------------------------------
@@ -268,7 +276,7 @@ class Upkeep(LedgerBase):
         cost: float,
     ) -> None:
         """Add spend to the attempt that spent it, fenced or not: it was really spent."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             conn.execute(
                 ADD_USAGE,
                 {
@@ -287,7 +295,7 @@ class Upkeep(LedgerBase):
         ``created_at`` moves to now: retention never deletes a blob stored (or stored
         again) within its grace period, so a writer that is about to reference it is safe
         (see ``prune_blobs``)."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             params = {"b_digest": digest, "b_size": len(body.encode()), "b_body": body}
             conn.execute(PUT_BLOB[conn.dialect.name], params)
 
@@ -296,7 +304,7 @@ class Upkeep(LedgerBase):
     def set_aside_message(self, queue: str, reason: str, raw: str) -> int:
         """Keep a message the broker delivered that is not fleet's (see fleet.envelope),
         once; its id. Each value is clipped here, whatever the caller sends."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             result = conn.execute(
                 SET_ASIDE,
                 {
@@ -313,7 +321,7 @@ class Upkeep(LedgerBase):
         """Delete the dead messages with these ids (None: all of them); how many went."""
         if ids is not None and not ids:
             return 0
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             if ids is None:
                 return int(conn.execute(PURGE_ALL_MESSAGES).rowcount)
             return int(conn.execute(PURGE_MESSAGES, {"b_ids": ids}).rowcount)
@@ -329,7 +337,7 @@ class Upkeep(LedgerBase):
         rule and (Postgres) locks the rows it keeps; the run rows' own DELETE re-checks it
         again. A run that changed since it was listed (a dead letter replayed: failed →
         running) is left whole. Returns the rows deleted per table (``runs``, ``steps``…)."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             pick = {"b_ids": list(run_ids), "b_cutoff": cutoff}
             ids = list(conn.execute(PRUNE_PICK, pick).scalars())
             if not ids:
@@ -355,7 +363,7 @@ class Upkeep(LedgerBase):
         keeps the blob; a writer that has just stored the blob and not yet committed its
         reference is protected by ``grace`` (``put_blob`` moves ``created_at`` to now).
         Returns how many were deleted and the last digest looked at ("" at the end)."""
-        with self.db.begin() as conn:
+        with self.db.begin(self.tx) as conn:
             digests = pruning.next_blobs(conn, after, limit)
             if not digests:
                 return 0, ""

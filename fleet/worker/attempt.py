@@ -3,9 +3,11 @@ output under the epoch held, and replay the run.
 
 Every decision here is made by a conditional write in the ledger; this module only
 sequences them and talks to the user's step function. The commit and the replay after
-it are one transaction, and the steps the replay recorded are sent only once it has
-committed. A caller may add to that transaction (``commit``'s ``claim``): the sequential
-shortcut (``fleet/worker/inline.py``) takes the next step's lease there.
+it are one transaction, opened in ``commit`` and handed to both through a runtime
+bound to it (``Runtime.within``); the steps the replay recorded are sent only once it
+has committed. A caller may add to that transaction (``commit``'s ``claim``, handed
+the same bound runtime): the sequential shortcut (``fleet/worker/inline.py``) takes
+the next step's lease there.
 """
 
 from __future__ import annotations
@@ -130,9 +132,10 @@ def perform(att: Attempt) -> Output | None:
         return None
 
 
-# Called inside the commit's transaction with what the replay recorded: returns the
-# steps still to send once it commits, and what the caller is handed back.
-Claim = Callable[[Replayed], tuple[Replayed, T]]
+# Called inside the commit's transaction with the runtime bound to it and what the
+# replay recorded: returns the steps still to send once it commits, and what the
+# caller is handed back.
+Claim = Callable[[Runtime, Replayed], tuple[Replayed, T]]
 
 
 def commit(att: Attempt, out: Output, claim: Claim[T] | None = None) -> T | None:
@@ -142,11 +145,12 @@ def commit(att: Attempt, out: Output, claim: Claim[T] | None = None) -> T | None
     committed is returned (None: fenced, or the replay did not run)."""
     rt = att.rt
     try:
-        with rt.db.unit():
-            done = _commit_output(att, out)
+        with rt.db.transaction() as tx:
+            bound = rt.within(tx)
+            done = _commit_output(bound, att, out)
             # Fenced (not done): the attempt's outcome and the incident still commit.
-            replayed = replay_run(rt, att.run_id, done.snapshot) if done else None
-            kept = _claimed(replayed, claim)
+            replayed = replay_run(bound, att.run_id, done.snapshot) if done else None
+            kept = _claimed(bound, replayed, claim)
     except CommitUnknown:
         raise  # it may have applied: the store decides when the lease expires
     except Exception as exc:
@@ -167,18 +171,22 @@ def commit(att: Attempt, out: Output, claim: Claim[T] | None = None) -> T | None
 
 
 def _commit_alone(att: Attempt, out: Output, claim: Claim[T] | None) -> T | None:
-    done = _commit_output(att, out)
+    """The fallback: each store call its own transaction (the runtime unbound)."""
+    rt = att.rt
+    done = _commit_output(rt, att, out)
     if not done:
         _log_fenced(att.lease)
         return None
-    replayed = replay_here(att.rt, att.run_id, done.snapshot)
-    return _sent(att.rt, _claimed(replayed, claim))
+    replayed = replay_here(rt, att.run_id, done.snapshot)
+    return _sent(rt, _claimed(rt, replayed, claim))
 
 
-def _claimed(replayed: Replayed | None, claim: Claim[T] | None) -> tuple[Replayed | None, T | None]:
+def _claimed(
+    rt: Runtime, replayed: Replayed | None, claim: Claim[T] | None
+) -> tuple[Replayed | None, T | None]:
     if replayed is None or claim is None:
         return replayed, None
-    return claim(replayed)
+    return claim(rt, replayed)
 
 
 def _sent(rt: Runtime, kept: tuple[Replayed | None, T | None]) -> T | None:
@@ -188,10 +196,11 @@ def _sent(rt: Runtime, kept: tuple[Replayed | None, T | None]) -> T | None:
     return handed
 
 
-def _commit_output(att: Attempt, out: Output) -> Committed:
-    """The step's output, under the epoch held, with the run and history for the replay."""
+def _commit_output(rt: Runtime, att: Attempt, out: Output) -> Committed:
+    """The step's output, under the epoch held, with the run and history for the
+    replay; in ``rt``'s transaction, if it is bound to one."""
     lease = att.lease
-    return att.rt.ledger.commit_output(
+    return rt.ledger.commit_output(
         lease.run_id,
         lease.step_id,
         lease.epoch,

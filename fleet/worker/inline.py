@@ -77,15 +77,18 @@ class _Kept:
     lease: Lease | TakeRefused
 
 
-def _keep_the_one_next(att: Attempt, replayed: Replayed) -> tuple[Replayed, _Kept | None]:
-    """Inside the commit's transaction: take the lease of the run's next step if the
-    replay recorded exactly one (and then send nothing); otherwise send them all."""
+def _keep_the_one_next(
+    att: Attempt, bound: Runtime, replayed: Replayed
+) -> tuple[Replayed, _Kept | None]:
+    """Take the lease of the run's next step if the replay recorded exactly one (and
+    then send nothing); otherwise send them all. ``bound``: the runtime bound to the
+    commit's transaction, so the lease is taken in it (or, if that transaction failed,
+    the plain runtime of the step committed alone)."""
     if len(replayed.tasks) != 1:
         return replayed, None
     (task,) = replayed.tasks
-    rt = att.rt
-    lease = rt.ledger.take_lease(
-        att.run_id, task.step_id, rt.worker_name, rt.settings.lease_seconds
+    lease = bound.ledger.take_lease(
+        att.run_id, task.step_id, bound.worker_name, bound.settings.lease_seconds
     )
     return replace(replayed, tasks=[]), _Kept(task.step_id, lease)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet.config import Settings
 from fleet.registry import Registry
-from fleet.store.engine import Database
+from fleet.store.engine import Database, Transaction
 from fleet.store.ledger import Ledger
 from fleet.store.payloads import Payloads
 from fleet.store.queries import Queries
@@ -32,6 +32,12 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.payloads = Payloads(self.settings, self.ledger, self.queries)
+
+    def within(self, tx: Transaction) -> Runtime:
+        """This runtime with its store bound to ``tx``: every ledger write, read and
+        stored payload made through it runs in that transaction. Cheap: the same
+        database (engine, history cache), registry and dispatcher."""
+        return replace(self, ledger=self.ledger.within(tx), queries=self.queries.within(tx))
 
     @property
     def worker_name(self) -> str:

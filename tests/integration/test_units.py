@@ -1,7 +1,8 @@
 """A finished step's commit, the replay after it and the lease of the next step share
-one transaction (``Database.unit``): what it sends goes out only once it committed,
-a failure inside it loses nothing that was recorded before, and the per-process
-history cache serves exactly what a full read would."""
+one transaction (``Database.transaction``, handed to each store call through a
+runtime bound to it): what it sends goes out only once it committed, a failure
+inside it loses nothing that was recorded before, and the per-process history cache
+serves exactly what a full read would."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from sqlalchemy import create_engine, event
 
 from fleet import Fleet
 from fleet.errors import StoreUnavailable
-from fleet.store.engine import Database
+from fleet.store.engine import Database, Transaction
+from fleet.store.ledger import Ledger
 from fleet.store.queries import HISTORY, read_snapshot
 from fleet.store.rows import StepRow
 from fleet.worker.dispatch import Message
@@ -55,7 +57,7 @@ def test_an_inline_step_costs_one_transaction(
     transactions = count[0] - recorded[0]
     assert steps == 8 and run.wait(timeout=5) == sum(i * i for i in range(8))
     # The first step reads its run and takes its lease (2); every step then commits,
-    # replays and takes the next one in one transaction. Without the unit it was 4 per step.
+    # replays and takes the next one in one transaction. Without sharing it, 4 per step.
     assert transactions <= steps + 2, f"{transactions} transactions for {steps} steps"
     assert inline.sent == [], "a sequential run needs no message after the first"
 
@@ -65,7 +67,7 @@ def test_new_steps_are_sent_only_after_they_are_committed(
 ) -> None:
     """A message for a step the store does not have yet is dropped by its worker (the
     sweeper would send it again, late): a fan-out's messages must follow the commit."""
-    # A plain engine: fleet's own would BEGIN IMMEDIATE on SQLite and wait for the unit.
+    # A plain engine: fleet's own would BEGIN IMMEDIATE on SQLite and wait for the commit.
     onlooker = create_engine(backend.database_url)
     unseen: list[list[str]] = []
 
@@ -86,22 +88,39 @@ def test_new_steps_are_sent_only_after_they_are_committed(
     assert unseen == [], f"sent before their rows were committed: {unseen}"
 
 
-def test_a_replay_that_fails_inside_the_unit_still_records_the_step(
-    backend: Backend, client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The unit rolls back whole, so the step's output is committed on its own and the
-    run goes on: the body never runs twice for a failure after it."""
-    ledger = client.runtime.ledger
-    record = ledger.record_steps
+def _failing_once_in_transactions(
+    monkeypatch: pytest.MonkeyPatch, method: str, after: bool = False
+) -> list[int]:
+    """Make ``method`` of the ledgers bound to a transaction (``Ledger.within``) raise
+    ``StoreUnavailable`` once, before doing its work or (``after``) once it is done;
+    the ledger that commits on its own is left alone. Returns the failures left."""
+    within = Ledger.within
     failures = [1]
 
-    def flaky_record(*args: Any, **kwargs: Any) -> None:
-        if failures[0] and client.runtime.db.in_unit:
-            failures[0] -= 1
-            raise StoreUnavailable("store hiccup while recording the next step")
-        record(*args, **kwargs)
+    def bound_with_a_failure(ledger: Ledger, tx: Transaction) -> Ledger:
+        bound = within(ledger, tx)
+        work = getattr(bound, method)
 
-    monkeypatch.setattr(ledger, "record_steps", flaky_record)
+        def flaky(*args: Any, **kwargs: Any) -> Any:
+            done = work(*args, **kwargs) if after else None
+            if failures[0]:
+                failures[0] -= 1
+                raise StoreUnavailable(f"store hiccup in {method}")
+            return done if after else work(*args, **kwargs)
+
+        monkeypatch.setattr(bound, method, flaky)
+        return bound
+
+    monkeypatch.setattr(Ledger, "within", bound_with_a_failure)
+    return failures
+
+
+def test_a_replay_that_fails_inside_the_transaction_still_records_the_step(
+    backend: Backend, client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transaction rolls back whole, so the step's output is committed on its own
+    and the run goes on: the body never runs twice for a failure after it."""
+    failures = _failing_once_in_transactions(monkeypatch, "record_steps")
     run = client.enqueue("chain", 3)
     inline.drain()
     assert failures == [0], "the failure was injected"
@@ -109,7 +128,42 @@ def test_a_replay_that_fails_inside_the_unit_still_records_the_step(
     assert starts(backend, run.id) == {"work#1": 1, "work#2": 1, "work#3": 1}
 
 
-def test_a_store_error_caught_inside_a_unit_still_rolls_it_back(backend: Backend) -> None:
+def test_what_a_rolled_back_replay_recorded_is_never_sent(
+    backend: Backend, client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay inside the commit's transaction records a fan-out, then the
+    transaction fails and rolls back: those steps are sent only by the replay that
+    committed, each once, and each visible to another connection when it is sent."""
+    onlooker = create_engine(backend.database_url)
+    sent: list[list[str]] = []
+    unseen: list[list[str]] = []
+
+    class Checking:
+        def send(self, message: Message) -> None:
+            if message.task == "fleet.execute":
+                sent.append(message.args)
+                with onlooker.connect() as conn:
+                    rows = conn.execute(HISTORY, {"b_run": message.args[0]}).all()
+                if not any(r.step_id == message.args[1] for r in rows):
+                    unseen.append(message.args)
+            inline.send(message)
+
+    client.runtime.dispatcher.use(Checking())
+    run = client.enqueue("fan", 3)
+    inline.drain(until=lambda: any(task == "fleet.execute" for task, _ in inline.sent))
+    sent.clear()
+    # The first square's commit replays the run, which records the sum's step only
+    # once all squares are done: the fan's last square's commit is the one that fails.
+    failures = _failing_once_in_transactions(monkeypatch, "record_steps", after=True)
+    inline.drain()
+    onlooker.dispose()
+    assert failures == [0], "the failure was injected"
+    assert run.wait(timeout=5) == {"total": 5, "last": 25, "n": 3}
+    assert unseen == [], f"sent before their rows were committed: {unseen}"
+    assert sorted(step for _, step in sent) == ["work#1"], "sent once, after the commit"
+
+
+def test_a_store_error_caught_inside_a_transaction_still_rolls_it_back(backend: Backend) -> None:
     from sqlalchemy import text
 
     db = Database(backend.database_url)
@@ -117,36 +171,34 @@ def test_a_store_error_caught_inside_a_unit_still_rolls_it_back(backend: Backend
     with db.begin() as conn:
         conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
         conn.execute(text(f"CREATE TABLE {table} (n INTEGER)"))
-    sent: list[str] = []
-    with pytest.raises(StoreUnavailable, match="in the unit failed"), db.unit():
-        with db.begin() as conn:
+    with pytest.raises(StoreUnavailable, match="in the transaction failed"), db.transaction() as tx:
+        with db.begin(tx) as conn:
             conn.execute(text(f"INSERT INTO {table} VALUES (1)"))
-        db.after_commit(lambda: sent.append("too early"))
         try:
-            with db.begin() as conn:
+            with db.begin(tx) as conn:
                 conn.execute(text(f"INSERT INTO {table} VALUES ('x', 'too many')"))
         except Exception:
             pass  # a caller that swallows the error must not get a half commit
     with db.begin() as conn:
         assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
-    assert sent == [], "work after a commit never runs for a rollback"
 
-    seen: list[int] = []
-    with db.unit():
-        with db.begin() as conn:
+    # A plain engine: fleet's own would BEGIN IMMEDIATE on SQLite and wait for ours.
+    onlooker = create_engine(backend.database_url)
+
+    def committed() -> int:
+        with onlooker.connect() as conn:
+            return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+    with db.transaction() as tx:
+        with db.begin(tx) as conn:
             conn.execute(text(f"INSERT INTO {table} VALUES (2)"))
-        with db.begin() as conn:  # joins: sees the unit's own write
+        with db.begin(tx) as conn:  # handed the transaction: sees its own write
             assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 1
-
-        def count_committed() -> None:
-            other = Database(backend.database_url)
-            with other.begin() as conn:
-                seen.append(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
-            other.dispose()
-
-        db.after_commit(count_committed)
-        assert seen == []
-    assert seen == [1], "after_commit ran once the unit was visible to others"
+        assert committed() == 0, "others see nothing before the commit"
+    assert committed() == 1, "the transaction committed on leaving"
+    with pytest.raises(RuntimeError, match="has ended"), db.begin(tx):
+        pass
+    onlooker.dispose()
     with db.begin() as conn:
         conn.execute(text(f"DROP TABLE {table}"))
     db.dispose()
