@@ -15,7 +15,7 @@ from fleet.config import Settings
 from fleet.errors import BadInput
 from fleet.handle import RunHandle
 from fleet.policy import RetryPolicy
-from fleet.records import DeadLetterInfo
+from fleet.records import DeadLetterInfo, DeadMessageInfo
 from fleet.registry import Registry, StepDef, WorkflowDef, check_budget, check_name
 from fleet.states import StepKind, StepStatus
 from fleet.store import migrate
@@ -25,7 +25,6 @@ from fleet.store.queries import Queries
 from fleet.worker import retention
 from fleet.worker.celery_app import make_celery, prepare_broker
 from fleet.worker.dispatch import CelerySender, Dispatcher
-from fleet.worker.envelope import DeadMessageInfo
 from fleet.worker.replay import step_shadow
 from fleet.worker.runtime import Runtime
 from fleet.worker.tasks import register
@@ -337,7 +336,7 @@ class Fleet:
         if limit < 0:
             raise BadInput(f"limit must be 0 or more, got {limit}")
         self.ensure_schema()
-        return [DeadMessageInfo.from_row(r) for r in self.runtime.queries.dead_messages(limit)]
+        return self.runtime.queries.dead_messages(limit)
 
     def purge_dead_messages(self, ids: list[int] | None = None) -> int:
         """Delete the dead messages with these ids (None: every one); how many went."""

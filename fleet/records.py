@@ -99,3 +99,20 @@ def saved_by_resume(attempts: Sequence[Any]) -> dict[str, Any]:
         saved["tokens"] += sum(d.input_tokens + d.output_tokens for d in before)
         saved["cost"] += sum(d.cost for d in before)
     return saved
+
+
+@dataclass(frozen=True, slots=True)
+class DeadMessageInfo:
+    """A broker message a worker refused and set aside (``Fleet.dead_messages``): the
+    queue it came on, why it was refused, its raw text (clipped), when. Its fields are
+    the ``fleet_dead_messages`` columns in their order (tests/unit/test_states.py)."""
+
+    id: int
+    queue: str
+    reason: str
+    body: str
+    at: float
+
+    @classmethod
+    def from_row(cls, row: Any) -> DeadMessageInfo:
+        return cls(*row)

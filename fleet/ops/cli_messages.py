@@ -23,7 +23,7 @@ from fleet.errors import BadInput
 from fleet.ops.cli_common import AppOpt, console, guard
 from fleet.ops.loader import load_fleet
 from fleet.ops.render import ago, clip, one_line, plain
-from fleet.worker.envelope import DeadMessageInfo
+from fleet.records import DeadMessageInfo
 
 messages_app = typer.Typer(
     help="Broker messages workers refused and set aside: list, show, purge.",
@@ -109,7 +109,7 @@ def show(message_id: int, app_: AppOpt = None) -> None:
         if row is None:
             raise BadInput(f"unknown dead message {message_id}")
         # soft_wrap: the raw message stays as it was, not cut into lines.
-        console.print(message_view(DeadMessageInfo.from_row(row)), soft_wrap=True)
+        console.print(message_view(row), soft_wrap=True)
 
     guard(body)
 

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection, Row
 
+from fleet.records import DeadMessageInfo
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store.engine import Database, Transaction, db_now
 from fleet.store.history import HistoryCache
@@ -16,7 +17,6 @@ from fleet.store.predicates import RUN, SEQ, STEP, step_is
 from fleet.store.rows import (
     AttemptRow,
     DeadLetterRow,
-    DeadMessageRow,
     Figures,
     IntentRow,
     RunRow,
@@ -297,16 +297,16 @@ class Queries:
 
     # --- dead messages: broker messages that were not fleet's -------------------------
 
-    def dead_messages(self, limit: int = 100) -> list[DeadMessageRow]:
+    def dead_messages(self, limit: int = 100) -> list[DeadMessageInfo]:
         """The newest ``limit`` dead messages, newest first."""
         stmt = select(dead_messages).order_by(dead_messages.c.id.desc()).limit(limit)
         with self.db.begin(self.tx) as conn:
-            return [DeadMessageRow.from_row(row) for row in conn.execute(stmt)]
+            return [DeadMessageInfo.from_row(row) for row in conn.execute(stmt)]
 
-    def dead_message(self, message_id: int) -> DeadMessageRow | None:
+    def dead_message(self, message_id: int) -> DeadMessageInfo | None:
         stmt = select(dead_messages).where(dead_messages.c.id == message_id)
         with self.db.begin(self.tx) as conn:
-            return _first(DeadMessageRow, conn.execute(stmt))
+            return _first(DeadMessageInfo, conn.execute(stmt))
 
     def dead_message_count(self) -> int:
         with self.db.begin(self.tx) as conn:

@@ -151,19 +151,6 @@ class DeadLetterRow:
 
 
 @dataclass(frozen=True, slots=True)
-class DeadMessageRow:
-    id: int
-    queue: str
-    reason: str
-    body: str
-    at: float
-
-    @classmethod
-    def from_row(cls, row: Any) -> DeadMessageRow:
-        return cls(*row)
-
-
-@dataclass(frozen=True, slots=True)
 class Figures:
     """Fleet-wide figures for the metrics endpoint (``Queries.figures``)."""
 

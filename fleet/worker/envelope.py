@@ -18,7 +18,6 @@ import base64
 import binascii
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -41,21 +40,6 @@ _SHORT, _LONG = 255, 2048
 
 class Malformed(ValueError):
     """The message is not one fleet can take; the text says what was wrong."""
-
-
-@dataclass(frozen=True)
-class DeadMessageInfo:
-    """A message set aside: where it came, why it was refused, its raw text (clipped)."""
-
-    id: int
-    queue: str
-    reason: str
-    body: str
-    at: float
-
-    @classmethod
-    def from_row(cls, row: Any) -> DeadMessageInfo:
-        return cls(row.id, row.queue, row.reason, row.body, row.at)
 
 
 def is_control_queue(queue: str) -> bool:

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import CheckConstraint
 from sqlalchemy.dialects import postgresql, sqlite
 
+from fleet.records import DeadMessageInfo
 from fleet.states import TRANSITIONS, RunStatus, StepKind, StepStatus, Transition
 from fleet.store import rows, schema, transitions
 from fleet.store.schema import runs, steps
@@ -81,7 +82,7 @@ def test_fenced_transitions_leave_running_only() -> None:
         (rows.AttemptRow, schema.attempts),
         (rows.IntentRow, schema.intents),
         (rows.DeadLetterRow, schema.dead_letters),
-        (rows.DeadMessageRow, schema.dead_messages),
+        (DeadMessageInfo, schema.dead_messages),
     ],
 )
 def test_a_typed_row_has_its_tables_columns_in_order(row: type, table: Any) -> None:
