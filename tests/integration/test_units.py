@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event
+from sqlalchemy import Engine, create_engine, event
 
 from fleet import Fleet
 from fleet.errors import StoreUnavailable
@@ -62,6 +62,26 @@ def test_an_inline_step_costs_one_transaction(
     assert inline.sent == [], "a sequential run needs no message after the first"
 
 
+class _VisibleWhenSent:
+    """A sender that notes each execute message whose step another connection cannot
+    see yet (``unseen``), then hands the message on to ``inline``."""
+
+    def __init__(self, onlooker: Engine, inline: InlineBroker) -> None:
+        self.onlooker = onlooker
+        self.inline = inline
+        self.sent: list[list[str]] = []
+        self.unseen: list[list[str]] = []
+
+    def send(self, message: Message) -> None:
+        if message.task == "fleet.execute":
+            self.sent.append(message.args)
+            with self.onlooker.connect() as conn:
+                rows = conn.execute(HISTORY, {"b_run": message.args[0]}).all()
+            if not any(r.step_id == message.args[1] for r in rows):
+                self.unseen.append(message.args)
+        self.inline.send(message)
+
+
 def test_new_steps_are_sent_only_after_they_are_committed(
     backend: Backend, client: Fleet, inline: InlineBroker
 ) -> None:
@@ -69,18 +89,9 @@ def test_new_steps_are_sent_only_after_they_are_committed(
     sweeper would send it again, late): a fan-out's messages must follow the commit."""
     # A plain engine: fleet's own would BEGIN IMMEDIATE on SQLite and wait for the commit.
     onlooker = create_engine(backend.database_url)
-    unseen: list[list[str]] = []
-
-    class Checking:
-        def send(self, message: Message) -> None:
-            if message.task == "fleet.execute":
-                with onlooker.connect() as conn:
-                    rows = conn.execute(HISTORY, {"b_run": message.args[0]}).all()
-                if not any(r.step_id == message.args[1] for r in rows):
-                    unseen.append(message.args)
-            inline.send(message)
-
-    client.runtime.dispatcher.use(Checking())
+    checking = _VisibleWhenSent(onlooker, inline)
+    unseen = checking.unseen
+    client.runtime.dispatcher.use(checking)
     run = client.enqueue("fan", 4)
     inline.drain()
     assert run.wait(timeout=5)["n"] == 4
@@ -135,20 +146,9 @@ def test_what_a_rolled_back_replay_recorded_is_never_sent(
     transaction fails and rolls back: those steps are sent only by the replay that
     committed, each once, and each visible to another connection when it is sent."""
     onlooker = create_engine(backend.database_url)
-    sent: list[list[str]] = []
-    unseen: list[list[str]] = []
-
-    class Checking:
-        def send(self, message: Message) -> None:
-            if message.task == "fleet.execute":
-                sent.append(message.args)
-                with onlooker.connect() as conn:
-                    rows = conn.execute(HISTORY, {"b_run": message.args[0]}).all()
-                if not any(r.step_id == message.args[1] for r in rows):
-                    unseen.append(message.args)
-            inline.send(message)
-
-    client.runtime.dispatcher.use(Checking())
+    checking = _VisibleWhenSent(onlooker, inline)
+    sent, unseen = checking.sent, checking.unseen
+    client.runtime.dispatcher.use(checking)
     run = client.enqueue("fan", 3)
     inline.drain(until=lambda: any(task == "fleet.execute" for task, _ in inline.sent))
     sent.clear()
