@@ -5,11 +5,11 @@ see CONTRACT.md; ``LeaseLost`` when another attempt has taken the step over)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from fleet.errors import FleetError
 from fleet.registry import StepDef
 from fleet.store.ledger import Lease
+from fleet.store.rows import RunRow
 from fleet.worker.heartbeat import Heartbeat
 from fleet.worker.runtime import Runtime
 
@@ -20,7 +20,7 @@ class Attempt:
     attempt (body, effect gate, commit, failure routing) works on."""
 
     rt: Runtime
-    run: Any  # the run's row, as read when the lease was taken
+    run: RunRow  # as read when the lease was taken
     sd: StepDef
     lease: Lease
 

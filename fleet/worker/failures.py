@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import traceback
 from dataclasses import dataclass
-from typing import Any
 
 from fleet.errors import FleetError
 from fleet.policy import Verdict, classify
@@ -22,6 +21,7 @@ from fleet.secrets import Redactor
 from fleet.states import Incident
 from fleet.store.ledger import TakeRefused
 from fleet.store.queries import Snapshot
+from fleet.store.rows import RunRow
 from fleet.worker.context import Attempt, LeaseLost
 from fleet.worker.replay import Replayed, replay_run, step_shadow
 from fleet.worker.runtime import Runtime
@@ -98,7 +98,7 @@ def _message(exc: BaseException) -> str:
         return f"<the {type(exc).__name__}'s message could not be read>"
 
 
-def refused(rt: Runtime, run: Any, step_id: str, why: TakeRefused) -> None:
+def refused(rt: Runtime, run: RunRow, step_id: str, why: TakeRefused) -> None:
     """Act on a lease this worker was refused: each zero-rows case of ``take_lease``."""
     if why is TakeRefused.EXHAUSTED:
         step = rt.queries.step(run.id, step_id)
@@ -131,7 +131,7 @@ def refused(rt: Runtime, run: Any, step_id: str, why: TakeRefused) -> None:
     log.info("execute %s of run %s dropped: %s", step_id, run.id, why)
 
 
-def _resend_when_due(rt: Runtime, run: Any, step_id: str) -> None:
+def _resend_when_due(rt: Runtime, run: RunRow, step_id: str) -> None:
     """A retry's countdown message came before its due time on the store's clock (the
     worker's clock runs ahead): send it again for the remaining time rather than leave
     it to the sweeper's grace period."""
@@ -149,7 +149,7 @@ def _resend_when_due(rt: Runtime, run: Any, step_id: str) -> None:
         )
 
 
-def dead_letter(rt: Runtime, run: Any, step_id: str, failure: Failure) -> None:
+def dead_letter(rt: Runtime, run: RunRow, step_id: str, failure: Failure) -> None:
     """Dead-letter the step; if this writer did it, tell the hooks and move the run on."""
     letter_id = rt.ledger.dead_letter(
         run.id,

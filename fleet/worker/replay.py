@@ -29,6 +29,7 @@ from fleet.secrets import Redactor, redacting
 from fleet.states import Incident, RunStatus, StepKind, StepStatus
 from fleet.store.ledger import NewStep
 from fleet.store.queries import Snapshot
+from fleet.store.rows import RunRow, StepRow
 from fleet.worker.runtime import Runtime
 
 log = logging.getLogger("fleet.replay")
@@ -91,7 +92,7 @@ class Replayed:
 class WorkflowContext:
     """The first argument of a workflow function (see CONTRACT.md)."""
 
-    def __init__(self, rt: Runtime, run: Any, history: Sequence[Any]) -> None:
+    def __init__(self, rt: Runtime, run: RunRow, history: Sequence[StepRow]) -> None:
         self.run_id: str = run.id
         self.pins: dict[str, Any] = codec.decode(run.pins) or {}
         self._rt = rt
@@ -189,7 +190,7 @@ class WorkflowContext:
     def _next_id(self, name: str, key: str | None) -> str:
         return self._positional(name) if key is None else str(key)
 
-    def _expect(self, step_id: str, name: str) -> Any | None:
+    def _expect(self, step_id: str, name: str) -> StepRow | None:
         """The recorded step at this position, checked against what the replay asks for."""
         if not step_id or len(step_id) > MAX_STEP_ID:
             raise NonDeterminism(f"step id {step_id!r} must be 1-{MAX_STEP_ID} characters")
@@ -234,11 +235,10 @@ class WorkflowContext:
             NewTask(s.step_id, s.name) for s in positioned if s.kind == StepKind.TASK
         )
 
-    def _outcome(self, rec: Any) -> Any:
-        status = rec.status  # compared as text: this runs once per step per replay
-        if status == StepStatus.DONE:
+    def _outcome(self, rec: StepRow) -> Any:
+        if rec.status == StepStatus.DONE:
             return self._rt.payloads.load(rec.output)
-        if status == StepStatus.DEAD:
+        if rec.status == StepStatus.DEAD:
             raise StepFailed(rec.step_id, rec.error or "dead-lettered", rec.attempts)
         raise _Suspend
 
@@ -270,7 +270,7 @@ class WorkflowContext:
         return codec.decode(stored.output)
 
 
-def pinned_workflow(rt: Runtime, run: Any, step_id: str | None = None) -> WorkflowDef | None:
+def pinned_workflow(rt: Runtime, run: RunRow, step_id: str | None = None) -> WorkflowDef | None:
     """The workflow the run is pinned to, if this worker has that version and pins;
     otherwise None, with the mismatch counted and logged (never silent)."""
     wf = rt.registry.workflows.get(run.workflow)
