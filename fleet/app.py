@@ -22,6 +22,7 @@ from fleet.store import migrate
 from fleet.store.engine import Database
 from fleet.store.ledger import Ledger
 from fleet.store.queries import Queries
+from fleet.transcripts import DEFAULT, TranscriptInfo
 from fleet.worker import retention
 from fleet.worker.celery_app import make_celery, prepare_broker
 from fleet.worker.dispatch import CelerySender, Dispatcher
@@ -314,6 +315,16 @@ class Fleet:
             raise BadInput(f"run {run_id} is {status}: a signal can only go to a live run")
         if self.runtime.ledger.deliver_signals(run_id):
             self.runtime.dispatcher.advance(run_id, row.queue)
+
+    def transcript(self, run_id: str, name: str = DEFAULT) -> TranscriptInfo:
+        """Transcript ``name`` of a run as recorded: every raw message (with the step
+        that produced it) and every compaction; ``.window()`` is the model's view.
+        Raises ``UnknownRun``; a name the run never wrote to is an empty transcript."""
+        check_name(name, "transcript")
+        self.run(run_id)
+        found, comps = self.runtime.queries.transcript(run_id, name)
+        decode = self.runtime.payloads.load
+        return TranscriptInfo.from_rows(run_id, name, found, comps, decode)
 
     # --- retention -----------------------------------------------------------------------
 

@@ -1,13 +1,14 @@
 """JSON in and out of the store: strict, bounded, never pickle; user JSON round-trips
 exactly.
 
-The one object fleet reads specially is its secret marker ``{"$fleet_secret": name}``.
+The objects fleet reads specially are its markers: a secret (``{"$fleet_secret":
+name}``) and a transcript cursor (``{"$fleet_transcript": {...}}``, fleet/transcripts.py).
 So that user data can never be taken for one, every dict key of a recorded value that
 begins with ``$`` gets one more ``$`` on the way in (``"$x"`` is recorded as ``"$$x"``)
-and loses it on the way out. The only single-``$`` key fleet writes is the marker of a
-real ``Secret.env``; a single-``$`` key in a row written before this rule is read as it
-stands. Both directions take the plain, fast path unless the text holds ``"$``
-(``encode`` writes "$" as it is, never as ``\\u0024``, so no key can hide from that).
+and loses it on the way out. The only single-``$`` keys fleet writes are its
+markers; a single-``$`` key in a row written before this rule is read as it stands.
+Both directions take the plain, fast path unless the text holds ``"$`` (``encode``
+writes "$" as it is, never as ``\\u0024``, so no key can hide from that).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fleet import secrets
+from fleet import secrets, transcripts
 from fleet.errors import PayloadError
 
 
@@ -75,8 +76,14 @@ def _dumps(value: Any, what: str) -> str:
         allow_nan=False,
         separators=(",", ":"),
         ensure_ascii=False,
-        default=lambda v: secrets.to_json(v, what),
+        default=lambda v: _marker(v, what),
     )
+
+
+def _marker(value: Any, what: str) -> Any:
+    """The one non-JSON values a record may hold: a transcript cursor, a secret."""
+    cursor = transcripts.to_json(value)
+    return cursor if cursor is not None else secrets.to_json(value, what)
 
 
 def _escaped(value: Any) -> Any:
@@ -100,6 +107,8 @@ def _unescaped(obj: dict[str, Any]) -> Any:
     """One decoded JSON object: a marker becomes its Secret; "$$x" keys become "$x"."""
     if len(obj) == 1 and secrets.MARKER in obj:
         return secrets.from_json(obj)
+    if len(obj) == 1 and transcripts.MARKER in obj:
+        return transcripts.from_json(obj)
     if any(k.startswith("$$") for k in obj):
         return {k[1:] if k.startswith("$$") else k: v for k, v in obj.items()}
     return obj

@@ -447,3 +447,25 @@ def misuses_fleet(wf: WorkflowContext, how: str) -> None:
     if how == "unknown-step":
         wf.step("no_such_step")
     raise NonRetryable("the workflow gave up")
+
+
+@fleet.step
+def hear(ctx: StepContext, chat: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": f"heard {len(chat)}: {chat[-1]['content']}"}
+
+
+@fleet.step
+def gist(ctx: StepContext, messages: Any) -> str:
+    return "gist: " + " / ".join(str(m.get("content")) for m in messages)
+
+
+@fleet.workflow(version="1")
+def talks(wf: WorkflowContext, wait: bool = False, text: str = "hello") -> int:
+    """A transcript, a step given it, a compaction; ``wait``: then waits for approval."""
+    chat = wf.transcript()
+    chat.append({"role": "user", "content": text})
+    chat.append(wf.step(hear, chat))
+    wf.compact(chat, gist, keep_last=1)
+    if wait:
+        wf.wait_for("approval")
+    return len(chat.window())

@@ -30,6 +30,7 @@ from sqlalchemy.sql.expression import FunctionElement
 
 from fleet.errors import BadInput, StoreUnavailable
 from fleet.store.history import HistoryCache
+from fleet.store.message_cache import MessageCache
 
 log = logging.getLogger("fleet.store")
 
@@ -181,6 +182,7 @@ class Database:
         self._pid = 0
         self._lock = threading.Lock()
         self.history = HistoryCache()
+        self.messages = MessageCache()
 
     @property
     def engine(self) -> Engine:

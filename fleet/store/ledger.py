@@ -28,7 +28,9 @@ from sqlalchemy.sql.expression import Executable
 
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store import derived
+from fleet.store import messages as transcripts
 from fleet.store import transitions as sql
+from fleet.store.messages import NewCompaction, NewMessage
 from fleet.store.step_ledger import Committed, Lease, ReplayRefused, StepLedger, TakeRefused
 from fleet.store.upkeep import DEAD_MESSAGE_MAX_BYTES, DUE_WAITS
 
@@ -37,6 +39,8 @@ __all__ = [
     "Committed",
     "Lease",
     "Ledger",
+    "NewCompaction",
+    "NewMessage",
     "NewStep",
     "ReplayRefused",
     "TakeRefused",
@@ -231,12 +235,19 @@ class Ledger(StepLedger):
     # --- steps recorded by replay --------------------------------------------
 
     def record_steps(
-        self, run_id: str, new: Sequence[NewStep], advanced_seq: int | None = None
+        self,
+        run_id: str,
+        new: Sequence[NewStep],
+        advanced_seq: int | None = None,
+        messages: Sequence[NewMessage] = (),
+        compactions: Sequence[NewCompaction] = (),
     ) -> None:
         """Insert steps the replay reached; a no-op for any a concurrent replay inserted.
         Step ids and positions are deterministic, so both replays insert the same rows.
         With ``advanced_seq``, this is the replay's last write: ``mark_advanced`` is done
-        in the same transaction."""
+        in the same transaction. ``messages`` the replay appended to its transcripts
+        before reaching them, and the ``compactions`` those steps make, are inserted
+        first, the same way (positions are deterministic too)."""
         rows = [
             {
                 "b_run": run_id,
@@ -255,6 +266,16 @@ class Ledger(StepLedger):
             for s in new
         ]
         with self.db.begin(self.tx) as conn:
+            dialect = conn.dialect.name
+            if messages:
+                conn.execute(
+                    transcripts.APPEND[dialect], transcripts.message_params(run_id, messages)
+                )
+            if compactions:
+                conn.execute(
+                    transcripts.COMPACTION[dialect],
+                    transcripts.compaction_params(run_id, compactions),
+                )
             if rows:
                 # One prebuilt statement; several rows (a fan-out) go as one executemany.
                 conn.execute(sql.RECORD_STEP[conn.dialect.name], rows)

@@ -27,9 +27,11 @@ from fleet.store.engine import Database, db_now
 from fleet.store.schema import (
     attempts,
     blobs,
+    compactions,
     dead_letters,
     incidents,
     intents,
+    messages,
     runs,
     signals,
     steps,
@@ -40,7 +42,7 @@ BLOB_PREFIX = "blob:"  # fleet.payloads.BLOB: how a row references a stored blob
 
 # The tables whose rows belong to a run (deleted with it), children before the run row
 # (fleet_steps has a foreign key to fleet_runs). Each is found by an index on run_id.
-CHILDREN = (attempts, intents, signals, dead_letters, incidents, steps)
+CHILDREN = (attempts, intents, signals, dead_letters, incidents, messages, compactions, steps)
 
 # Every column that may hold a ``blob:<sha256>`` reference, with its run id column.
 BLOB_COLUMNS = (
@@ -50,6 +52,7 @@ BLOB_COLUMNS = (
     (steps.c.output, steps.c.run_id),
     (signals.c.payload, signals.c.run_id),
     (dead_letters.c.input, dead_letters.c.run_id),
+    (messages.c.body, messages.c.run_id),
 )
 
 

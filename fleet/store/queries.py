@@ -11,8 +11,10 @@ from sqlalchemy.engine import Connection, Row
 
 from fleet.records import DeadMessageInfo
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
+from fleet.store import messages as transcripts
 from fleet.store.engine import Database, Transaction, db_now
 from fleet.store.history import HistoryCache
+from fleet.store.message_cache import Recorded
 from fleet.store.predicates import RUN, SEQ, STEP, step_is
 from fleet.store.rows import (
     AttemptRow,
@@ -263,6 +265,64 @@ class Queries:
         stmt = select(dead_letters).where(dead_letters.c.id == letter_id)
         with self.db.begin(self.tx) as conn:
             return _first(DeadLetterRow, conn.execute(stmt))
+
+    # --- transcripts ----------------------------------------------------------------
+
+    def recorded(
+        self, run_id: str, created_at: float, name: str, end: int | None = None
+    ) -> Recorded:
+        """Transcript ``name``'s recorded messages: those this process read before (the
+        cache), then one read of the positions after them, up to ``end`` if given (a
+        step's cursor: none at all when the cache holds that many already)."""
+        cache = self.db.messages
+        key = (run_id, created_at, name)
+        have = cache.get(key)
+        if end is not None and len(have) >= end:
+            return have
+        params: dict[str, Any] = {"b_run": run_id, "b_transcript": name, "b_pos": len(have)}
+        stmt = transcripts.MESSAGES_FROM
+        if end is not None:
+            stmt, params["b_end"] = transcripts.BOUNDED, end
+        with self.db.begin(self.tx) as conn:
+            bodies = list(conn.execute(stmt, params).scalars())
+            if not bodies:
+                return have
+            texts = transcripts.resolve_blobs(conn, bodies)
+        return cache.extend(key, have, texts)
+
+    def summary(self, run_id: str, created_at: float, step_id: str) -> str | None:
+        """The recorded output of a compaction's summarize step once it is done (a done
+        step's output never changes: kept per process); None while it is not."""
+        cache = self.db.messages
+        key = (run_id, created_at, step_id)
+        text = cache.summary(key)
+        if text is not None:
+            return text
+        with self.db.begin(self.tx) as conn:
+            row = conn.execute(STEP_ROW, {"b_run": run_id, "b_step": step_id}).first()
+            if row is None or row.status != StepStatus.DONE or row.output is None:
+                return None
+            (text,) = transcripts.resolve_blobs(conn, [row.output])
+        cache.keep_summary(key, text)
+        return text
+
+    def transcript(self, run_id: str, name: str) -> tuple[list[Any], list[Any]]:
+        """Every message row (pos, body, step_id, created_at; bodies resolved) and every
+        compaction row (number, start, upto, base, step_id, status, output, created_at)
+        of the transcript, in one transaction, uncached: what an operator reads."""
+        params = {"b_run": run_id, "b_transcript": name}
+        with self.db.begin(self.tx) as conn:
+            rows = conn.execute(transcripts.WHOLE, params).all()
+            bodies = transcripts.resolve_blobs(conn, [r.body for r in rows])
+            found = [
+                (r.pos, body, r.step_id, r.created_at) for r, body in zip(rows, bodies, strict=True)
+            ]
+            comps = [tuple(r) for r in conn.execute(transcripts.COMPACTIONS, params).all()]
+            return found, comps
+
+    def transcript_names(self, run_id: str) -> list[str]:
+        with self.db.begin(self.tx) as conn:
+            return sorted(conn.execute(transcripts.NAMES, {"b_run": run_id}).scalars())
 
     def blob(self, digest: str) -> str | None:
         with self.db.begin(self.tx) as conn:

@@ -219,6 +219,39 @@ class DeadMessage(SQLModel, table=True):
     at: float = Field(sa_column=Column(Float, nullable=False))
 
 
+class Message(SQLModel, table=True):
+    """One message of a run's transcript, appended once and never rewritten: a
+    transcript's positions are 0, 1, 2… ``body`` is inline JSON or a blob reference;
+    ``step_id`` the step whose output the message is (None: the workflow wrote it)."""
+
+    __tablename__ = "fleet_messages"
+
+    run_id: str = Field(primary_key=True, max_length=200)
+    transcript: str = Field(primary_key=True, max_length=200)
+    pos: int = Field(primary_key=True)
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    step_id: str | None = Field(default=None, max_length=300)
+    created_at: float = Field(sa_column=Column(Float, nullable=False))
+
+
+class Compaction(SQLModel, table=True):
+    """A compaction of a transcript: its messages before ``upto`` summarized by step
+    ``step_id`` (whose output is the summary), over raw messages from ``start`` led by
+    compaction ``base``'s summary, if any. Recorded beside the raw messages; a later
+    one supersedes it; none deletes anything."""
+
+    __tablename__ = "fleet_compactions"
+
+    run_id: str = Field(primary_key=True, max_length=200)
+    transcript: str = Field(primary_key=True, max_length=200)
+    number: int = Field(primary_key=True)
+    start: int
+    upto: int
+    base: int | None = None
+    step_id: str = Field(max_length=300)
+    created_at: float = Field(sa_column=Column(Float, nullable=False))
+
+
 runs = Run.__table__  # type: ignore[attr-defined]
 steps = Step.__table__  # type: ignore[attr-defined]
 attempts = StepAttempt.__table__  # type: ignore[attr-defined]
@@ -228,3 +261,5 @@ intents = Intent.__table__  # type: ignore[attr-defined]
 signals = Signal.__table__  # type: ignore[attr-defined]
 blobs = Blob.__table__  # type: ignore[attr-defined]
 dead_messages = DeadMessage.__table__  # type: ignore[attr-defined]
+messages = Message.__table__  # type: ignore[attr-defined]
+compactions = Compaction.__table__  # type: ignore[attr-defined]

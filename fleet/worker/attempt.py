@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
+from fleet import codec, transcripts
 from fleet.logs import log_context
 from fleet.secrets import redacting
 from fleet.states import Incident, IntentOutcome
@@ -30,6 +31,7 @@ from fleet.worker.failures import failed, refused, replay_here
 from fleet.worker.heartbeat import Heartbeat
 from fleet.worker.replay import Replayed, pinned_workflow, replay_run
 from fleet.worker.runtime import Runtime
+from fleet.worker.views import StepReader
 
 log = logging.getLogger("fleet.attempt")
 
@@ -111,12 +113,14 @@ def perform(att: Attempt) -> Output | None:
     rt, sd, lease = att.rt, att.sd, att.lease
     # Redacting: the secrets this attempt uses never show in what it records or logs.
     with Heartbeat(rt, lease, process.current().beater) as hb, redacting() as redact:
-        ctx = StepContext(rt, lease, hb)
+        ctx = StepContext(rt, lease, hb, codec.decode(att.run.pins))
         what = f"output of step {lease.step_id}"
         try:
             # Loaded first: an input that cannot be (PayloadError) is dead-lettered at
             # once, before an effect writes its intent.
-            args, kwargs = rt.payloads.load_call(lease.input, f"input of step {lease.step_id}")
+            # A transcript in the input is given as a view of it, read on demand.
+            with transcripts.reading(StepReader(rt, att.run)):
+                args, kwargs = rt.payloads.load_call(lease.input, f"input of step {lease.step_id}")
             redact.watch((args, kwargs))
             gate = effect_gate(att, ctx) if sd.effect else Gate.RUN
             if gate is Gate.STOP:

@@ -5,6 +5,7 @@ see CONTRACT.md; ``LeaseLost`` when another attempt has taken the step over)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fleet.errors import FleetError
 from fleet.registry import StepDef
@@ -40,12 +41,16 @@ class LeaseLost(FleetError):
 class StepContext:
     """The first argument of a step function (see CONTRACT.md)."""
 
-    def __init__(self, rt: Runtime, lease: Lease, heartbeat: Heartbeat) -> None:
+    def __init__(
+        self, rt: Runtime, lease: Lease, heartbeat: Heartbeat, pins: dict[str, Any] | None = None
+    ) -> None:
         self.run_id = lease.run_id
         self.step_id = lease.step_id
         self.attempt = lease.attempt
         self.epoch = lease.epoch
         self.idempotency_key = f"{lease.run_id}:{lease.step_id}"
+        # The run's pins (its model, where declared): what a resumed history must keep.
+        self.pins: dict[str, Any] = dict(pins or {})
         self._rt = rt
         self._heartbeat = heartbeat
 

@@ -27,9 +27,11 @@ from fleet.logs import log_context
 from fleet.registry import StepDef, WorkflowDef, check_name
 from fleet.secrets import Redactor, redacting
 from fleet.states import Incident, RunStatus, StepKind, StepStatus
-from fleet.store.ledger import NewStep
+from fleet.store.ledger import NewCompaction, NewStep
 from fleet.store.queries import Snapshot
 from fleet.store.rows import RunRow, StepRow
+from fleet.transcripts import DEFAULT, summary_messages
+from fleet.worker.conversation import Compacted, Conversations, Transcript, Window
 from fleet.worker.runtime import Runtime
 
 log = logging.getLogger("fleet.replay")
@@ -106,6 +108,7 @@ class WorkflowContext:
         self.waiting = False  # the replay stopped at a wait_for or a sleep
         self._wake_seq: int = run.wake_seq
         self.answered = False  # the replay's last write also marked the run advanced
+        self.talk = Conversations(rt, run)  # its transcripts and their new messages
 
     # --- the public surface -----------------------------------------------------
 
@@ -172,6 +175,50 @@ class WorkflowContext:
             raise ValueError("sleep needs a non-negative duration")
         self._wait("sleep", {}, delay)
 
+    def transcript(self, name: str = DEFAULT) -> Transcript:
+        """The run's durable, append-only message log ``name`` (see CONTRACT.md)."""
+        return self.talk.open(name)
+
+    def compact(
+        self,
+        transcript: Transcript,
+        fn: StepDef | str,
+        keep_last: int = 20,
+        key: str | None = None,
+        raw: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Run ``fn`` as a step over the messages not kept (the current window before
+        the last ``keep_last``; with ``raw``, every raw message before them) and record
+        its output as the summary that now leads ``transcript.window()``. Raw messages
+        are never rewritten; a later compaction supersedes this one. Returns the
+        summary messages (nothing new to fold in: the current summary, no step)."""
+        if not isinstance(transcript, Transcript):
+            raise TypeError("compact() takes a transcript from wf.transcript()")
+        if keep_last < 0:
+            raise ValueError("keep_last must be 0 or more")
+        base = None if raw else transcript.compacted
+        upto = max(0, len(transcript) - keep_last)
+        if upto <= (base.upto if base else 0) and not raw:
+            return list(transcript.compacted.summary) if transcript.compacted else []
+        sd = self._rt.registry.step(fn)
+        step_id = self._next_id(sd.name, key)
+        rec = self._expect(step_id, sd.name)
+        transcript.compactions += 1
+        number = transcript.compactions
+        if rec is None:
+            start = base.upto if base else 0
+            self.talk.compactions.append(
+                NewCompaction(
+                    transcript.name, number, start, upto, base.number if base else None, step_id
+                )
+            )
+            source = Window(transcript, base, upto, start)
+            self._record([self._new_task(sd, step_id, (source,), {})], last=True)
+            raise _Suspend
+        summary = summary_messages(self._outcome(rec))
+        transcript.compacted = Compacted(number, upto, step_id, summary)
+        return list(summary)
+
     def now(self) -> float:
         """The wall-clock time, recorded: replays see the first value."""
         return float(self._value("now", time.time))
@@ -220,15 +267,29 @@ class WorkflowContext:
         )
         return NewStep(step_id, -1, sd.name, StepKind.TASK, payload, sd.retry.max_attempts)
 
+    def flush(self) -> None:
+        """Write the messages appended since the last steps were recorded."""
+        messages, compactions = self.talk.taken()
+        if messages or compactions:
+            self._rt.ledger.record_steps(
+                self.run_id, [], messages=messages, compactions=compactions
+            )
+
     def _record(self, new: list[NewStep], last: bool = False) -> None:
-        """Record steps the replay reached past the end of the history. ``_expect``
+        """Record steps the replay reached past the end of the history (and the
+        messages appended before them). ``_expect``
         reserved their positions in call order, so they are the last ``len(new)``.
         ``last``: the replay suspends right after, so the same write marks the run
         advanced (its wake-up answered); the caller sends the new tasks after the commit."""
         start = self._pos - len(new)
         positioned = [replace(s, seq=start + i) for i, s in enumerate(new)]
+        messages, compactions = self.talk.taken()
         self._rt.ledger.record_steps(
-            self.run_id, positioned, advanced_seq=self._wake_seq if last else None
+            self.run_id,
+            positioned,
+            advanced_seq=self._wake_seq if last else None,
+            messages=messages,
+            compactions=compactions,
         )
         self.answered = last
         self.new_tasks.extend(
@@ -237,7 +298,9 @@ class WorkflowContext:
 
     def _outcome(self, rec: StepRow) -> Any:
         if rec.status == StepStatus.DONE:
-            return self._rt.payloads.load(rec.output)
+            value = self._rt.payloads.load(rec.output)
+            self.talk.produced(value, rec.step_id)
+            return value
         if rec.status == StepStatus.DEAD:
             raise StepFailed(rec.step_id, rec.error or "dead-lettered", rec.attempts)
         raise _Suspend
@@ -344,18 +407,25 @@ def _replay(
                 f"but the history has {len(ctx._history)} (next recorded: "
                 f"{ctx._history[ctx._pos].step_id!r})"
             )
+        unfinished = ctx.talk.unfinished()
+        if unfinished:
+            raise NonDeterminism(unfinished)
         encoded = rt.payloads.dump(result, what=f"result of run {run_id}")
+        ctx.flush()
     except _Suspend:
+        ctx.flush()
         if ctx.waiting:
             rt.ledger.set_waiting(run_id)
         if not ctx.answered:
             rt.ledger.mark_advanced(run_id, run.wake_seq)
         return replayed
     except NonDeterminism as exc:
+        # What it appended before the mismatch is not written: the history stays as it was.
         rt.ledger.incident(Incident.NONDETERMINISM, run_id, detail=str(exc))
         log.error("%s", exc)
         _fail(rt, run_id, redact(f"NonDeterminism: {exc}"))
     except StepFailed as exc:
+        ctx.flush()
         _fail(rt, run_id, redact(f"StepFailed: {exc}"))
     except PayloadError as exc:
         _fail(rt, run_id, redact(f"PayloadError: {exc}"))

@@ -47,6 +47,8 @@ class PruneResult:
     signals: int = 0
     dead_letters: int = 0
     incidents: int = 0
+    messages: int = 0
+    compactions: int = 0
     blobs: int = 0
     kept: int = 0
     dry_run: bool = False

@@ -18,9 +18,11 @@ from fleet.store.pruning import PruneReads
 from fleet.store.schema import (
     attempts,
     blobs,
+    compactions,
     dead_letters,
     incidents,
     intents,
+    messages,
     metadata,
     runs,
     signals,
@@ -38,6 +40,8 @@ RUN_ROWS = {
     "signals": signals.c.run_id,
     "dead_letters": dead_letters.c.run_id,
     "incidents": incidents.c.run_id,
+    "messages": messages.c.run_id,
+    "compactions": compactions.c.run_id,
 }
 BIG = 300_000  # over the 256 KiB inline limit: stored as a blob
 
@@ -96,6 +100,8 @@ def every_kind(
     signalled = client.enqueue("approval").id
     cancelled = client.enqueue("approval").id
     made["stays:waiting"] = client.enqueue("approval").id
+    made["gone:transcript"] = client.enqueue("talks").id
+    made["stays:talking"] = client.enqueue("talks", True).id
     inline.drain()
     client.signal(signalled, "approval", {"approved": True})
     client.signal(made["stays:waiting"], "other", {"kept": "for a later wait"})
@@ -115,6 +121,8 @@ def every_kind(
         "stays:failed-dead-letter": "failed",
         "stays:waiting": "waiting",
         "stays:queued": "queued",
+        "gone:transcript": "succeeded",
+        "stays:talking": "waiting",
     }
     return made
 
@@ -154,7 +162,7 @@ def test_a_dry_run_counts_what_would_go_and_deletes_nothing(
     store = everything(client)
     dry = client.prune(0, dry_run=True, batch=3)
     assert everything(client) == store, "a dry run deleted something"
-    assert dry.dry_run and dry.runs == 5 and dry.kept == 1
+    assert dry.dry_run and dry.runs == 6 and dry.kept == 1
     real = client.prune(0, batch=3)
     assert dry.counts() == real.counts()
 
@@ -224,6 +232,20 @@ def test_a_pruned_run_id_can_be_used_again_for_a_new_run(
     assert again.wait(timeout=5) == 1
     assert [s.status for s in again.steps()] == ["done", "done"], "recorded afresh"
     assert starts(backend, "order-42") == {"work#1": 2, "work#2": 2}, "each run ran its steps"
+
+
+def test_a_pruned_run_id_used_again_records_its_transcript_afresh(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    """Each process caches a transcript's messages by run id and creation time: a run
+    enqueued again under a pruned run's id must not be compared with the old messages."""
+    client.enqueue("talks", False, "first", run_id="chat-7")
+    inline.drain()
+    assert client.prune(0).messages == 2
+    again = client.enqueue("talks", False, "second", run_id="chat-7")
+    inline.drain()
+    assert again.wait(timeout=5) == 2
+    assert client.transcript("chat-7").raw()[0] == {"role": "user", "content": "second"}
 
 
 def fleet_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

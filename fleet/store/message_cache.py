@@ -1,0 +1,102 @@
+"""A per-process cache of the transcripts' messages.
+
+A message row is written once and never updated; it is deleted only with its
+finished run by retention, and the cache keys a run by its id *and* creation time,
+so a run enqueued again under a pruned run's id never sees the old messages. So the
+messages of a transcript up to the highest position read can be kept, and only the
+positions after them read: a step given a 1,000-message window reads the store once
+per new batch of messages in each worker process, not once per step. A compaction's
+summary (the output of a step that is done) never changes either.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from fleet import codec
+
+MAX_TRANSCRIPTS = 1024
+MAX_BYTES = 128 * 1024 * 1024
+
+
+class Recorded:
+    """One transcript's messages as recorded, positions 0… ``len - 1``: their JSON
+    texts (what a step's view decodes afresh for each caller) and their values,
+    decoded once (what a replay compares its appends with; never handed out)."""
+
+    __slots__ = ("texts", "values")
+
+    def __init__(self, texts: tuple[str, ...], values: tuple[Any, ...]) -> None:
+        self.texts = texts
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+EMPTY = Recorded((), ())
+
+
+class MessageCache:
+    """(run id, run creation time, transcript) → its leading recorded messages."""
+
+    def __init__(self, max_transcripts: int = MAX_TRANSCRIPTS, max_bytes: int = MAX_BYTES):
+        self.max_transcripts = max_transcripts
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[str, float, str], tuple[Recorded, int]] = OrderedDict()
+        self._summaries: OrderedDict[tuple[str, float, str], str] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.reads = 0  # store reads made to extend an entry, for the benchmarks
+
+    def get(self, key: tuple[str, float, str]) -> Recorded:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return EMPTY
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def extend(self, key: tuple[str, float, str], have: Recorded, texts: list[str]) -> Recorded:
+        """``have`` followed by ``texts`` (the positions read after it), kept unless a
+        concurrent read kept more; returns what is now known."""
+        values = tuple(codec.decode(t) for t in texts)
+        grown = Recorded(have.texts + tuple(texts), have.values + values)
+        with self._lock:
+            self.reads += 1
+            old = self._entries.pop(key, None)
+            if old is not None and len(old[0]) >= len(grown):
+                self._entries[key] = old
+                return old[0]
+            size = sum(2 * len(t) + 256 for t in texts)
+            if old is not None:
+                self._bytes -= old[1]
+                size += old[1] if old[0] is have else sum(2 * len(t) + 256 for t in have.texts)
+            elif have.texts:
+                size += sum(2 * len(t) + 256 for t in have.texts)
+            self._entries[key] = (grown, size)
+            self._bytes += size
+            while self._entries and (
+                len(self._entries) > self.max_transcripts or self._bytes > self.max_bytes
+            ):
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self._bytes -= evicted
+            return grown
+
+    def summary(self, key: tuple[str, float, str]) -> str | None:
+        with self._lock:
+            return self._summaries.get(key)
+
+    def keep_summary(self, key: tuple[str, float, str], output: str) -> None:
+        with self._lock:
+            self._summaries[key] = output
+            while len(self._summaries) > self.max_transcripts:
+                self._summaries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._summaries.clear()
+            self._bytes = 0

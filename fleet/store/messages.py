@@ -1,0 +1,161 @@
+"""Transcripts in the store: the statements that append messages and record
+compactions (run by the ledger), the reads of them (run by ``Queries``), and a
+per-process cache of each transcript's messages.
+
+A message row is written once (an insert that is a no-op on conflict: racing replays
+of one run write the same rows) and never updated, so what a process has read of a
+transcript can be kept (``fleet/store/message_cache.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Integer, String, bindparam, select
+from sqlalchemy.engine import Connection
+
+from fleet.errors import PayloadError
+from fleet.store.predicates import RUN, now
+from fleet.store.schema import blobs, compactions, messages, steps
+from fleet.store.transitions import DIALECTS
+
+BLOB = "blob:"  # fleet.store.payloads.BLOB
+NAME = bindparam("b_transcript", type_=String)
+POS = bindparam("b_pos", type_=Integer)
+
+# --- writes (the ledger's) ------------------------------------------------------------
+
+APPEND = {
+    name: dialect.insert(messages)
+    .values(
+        run_id=RUN,
+        transcript=NAME,
+        pos=POS,
+        body=bindparam("b_body", type_=String),
+        step_id=bindparam("b_step", type_=String),
+        created_at=now(),
+    )
+    .on_conflict_do_nothing()
+    for name, dialect in DIALECTS.items()
+}
+COMPACTION = {
+    name: dialect.insert(compactions)
+    .values(
+        run_id=RUN,
+        transcript=NAME,
+        number=bindparam("b_number", type_=Integer),
+        start=bindparam("b_start", type_=Integer),
+        upto=bindparam("b_upto", type_=Integer),
+        base=bindparam("b_base", type_=Integer),
+        step_id=bindparam("b_step", type_=String),
+        created_at=now(),
+    )
+    .on_conflict_do_nothing()
+    for name, dialect in DIALECTS.items()
+}
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    """A message a replay appended past the recorded end of its transcript."""
+
+    transcript: str
+    pos: int
+    body: str  # inline JSON or a blob reference
+    step_id: str | None
+
+
+@dataclass(frozen=True)
+class NewCompaction:
+    transcript: str
+    number: int
+    start: int
+    upto: int
+    base: int | None
+    step_id: str
+
+
+def message_params(run_id: str, new: Sequence[NewMessage]) -> list[dict[str, Any]]:
+    return [
+        {
+            "b_run": run_id,
+            "b_transcript": m.transcript,
+            "b_pos": m.pos,
+            "b_body": m.body,
+            "b_step": m.step_id,
+        }
+        for m in new
+    ]
+
+
+def compaction_params(run_id: str, new: Sequence[NewCompaction]) -> list[dict[str, Any]]:
+    return [
+        {
+            "b_run": run_id,
+            "b_transcript": c.transcript,
+            "b_number": c.number,
+            "b_start": c.start,
+            "b_upto": c.upto,
+            "b_base": c.base,
+            "b_step": c.step_id,
+        }
+        for c in new
+    ]
+
+
+# --- reads (Queries') -----------------------------------------------------------------
+
+MESSAGES_FROM = (
+    select(messages.c.body)
+    .where(messages.c.run_id == RUN, messages.c.transcript == NAME, messages.c.pos >= POS)
+    .order_by(messages.c.pos)
+)
+BOUNDED = MESSAGES_FROM.where(messages.c.pos < bindparam("b_end", type_=Integer))
+WHOLE = (
+    select(messages.c.pos, messages.c.body, messages.c.step_id, messages.c.created_at)
+    .where(messages.c.run_id == RUN, messages.c.transcript == NAME)
+    .order_by(messages.c.pos)
+)
+COMPACTIONS = (
+    select(
+        compactions.c.number,
+        compactions.c.start,
+        compactions.c.upto,
+        compactions.c.base,
+        compactions.c.step_id,
+        steps.c.status,
+        steps.c.output,
+        compactions.c.created_at,
+    )
+    .join(
+        steps,
+        (steps.c.run_id == compactions.c.run_id) & (steps.c.step_id == compactions.c.step_id),
+    )
+    .where(compactions.c.run_id == RUN, compactions.c.transcript == NAME)
+    .order_by(compactions.c.number)
+)
+NAMES = select(messages.c.transcript).where(messages.c.run_id == RUN).distinct()
+
+
+def resolve_blobs(conn: Connection, bodies: list[str]) -> list[str]:
+    """Message bodies with each blob reference replaced by the blob's text (one
+    statement for all of them; none when no body is a reference)."""
+    digests = {b[len(BLOB) :] for b in bodies if b.startswith(BLOB)}
+    if not digests:
+        return bodies
+    found: dict[str, str] = dict(
+        conn.execute(select(blobs.c.digest, blobs.c.body).where(blobs.c.digest.in_(digests)))
+        .tuples()
+        .all()
+    )
+    out = []
+    for body in bodies:
+        if body.startswith(BLOB):
+            text = found.get(body[len(BLOB) :])
+            if text is None:
+                raise PayloadError(f"message body {body} is missing from fleet_blobs")
+            body = text
+        out.append(body)
+    return out

@@ -1,0 +1,190 @@
+"""A transcript as the workflow sees it during a replay (``wf.transcript(name)``).
+
+The workflow runs from the top on every replay, so it appends every message again:
+the k-th append of a replay is checked against the recorded k-th message (a
+mismatch is ``NonDeterminism``, naming the position), and only appends past the
+recorded end are new. New messages wait in the ``Conversations`` of the replay and
+are written with the next steps it records (``Ledger.record_steps``), in the same
+transaction, before any step that is given them can run. What the workflow holds is
+the messages themselves; what a step is given is a cursor (``fleet.transcripts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+from fleet import codec
+from fleet.errors import NonDeterminism, PayloadError
+from fleet.registry import check_name
+from fleet.store.message_cache import Recorded
+from fleet.store.messages import NewCompaction, NewMessage
+from fleet.store.rows import RunRow
+from fleet.transcripts import Cursor, same
+from fleet.worker.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """A compaction the replay has passed: its summary leads the model's view."""
+
+    number: int
+    upto: int
+    step_id: str
+    summary: list[dict[str, Any]]
+
+
+def _short(message: Any) -> str:
+    try:
+        text = codec.encode(message, what="message", limit=1 << 30)
+    except PayloadError:
+        text = repr(message)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class _Held(Sequence[dict[str, Any]]):
+    """Messages the workflow holds: a plain sequence of them."""
+
+    _messages: list[dict[str, Any]]
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        return self._messages[index]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._messages)
+
+
+class Transcript(_Held):
+    """A run's append-only message log, in the workflow (see CONTRACT.md)."""
+
+    def __init__(self, owner: Conversations, name: str, recorded: Recorded) -> None:
+        self.name = name
+        self.run_id = owner.run_id
+        self._owner = owner
+        self._recorded = recorded
+        self._messages: list[dict[str, Any]] = []
+        self.compacted: Compacted | None = None  # the latest compaction passed
+        self.compactions = 0  # compact() calls made on it so far in this replay
+
+    def append(self, message: dict[str, Any]) -> None:
+        """Record ``message`` (a JSON object) once; on replay, check it is the same."""
+        if not isinstance(message, dict):
+            raise TypeError(
+                f"transcript {self.name!r}: a message is a JSON object (a dict), "
+                f"not {type(message).__name__}"
+            )
+        pos = len(self._messages)
+        if pos < len(self._recorded):
+            if not same(message, self._recorded.values[pos]):
+                raise NonDeterminism(
+                    f"non-determinism in run {self.run_id}: message {pos} of transcript "
+                    f"{self.name!r} is not the one recorded (recorded "
+                    f"{_short(self._recorded.values[pos])}, appended {_short(message)})"
+                )
+        else:
+            self._owner.new_message(self.name, pos, message)
+        self._messages.append(message)
+
+    def window(self) -> Window:
+        """The model's view now: the latest compaction's summary, then the raw
+        messages after the point it covers (all of them before any compaction)."""
+        return Window(self, self.compacted, len(self._messages))
+
+    def fleet_cursor(self) -> Cursor:
+        c = self.compacted
+        window = None if c is None else (c.upto, c.step_id)
+        return Cursor(self.run_id, self.name, 0, len(self._messages), window=window)
+
+    def between(self, start: int, end: int) -> list[dict[str, Any]]:
+        return self._messages[start:end]
+
+    def __repr__(self) -> str:
+        return f"<transcript {self.name!r} of run {self.run_id}: {len(self)} messages>"
+
+
+class Window(_Held):
+    """Part of a transcript as a model is shown it: a compaction's summary (if any),
+    then raw messages ``start`` to ``end``. Fixed when made; given to a step as a
+    cursor."""
+
+    def __init__(
+        self,
+        transcript: Transcript,
+        compacted: Compacted | None,
+        end: int,
+        start: int | None = None,
+    ) -> None:
+        self._transcript = transcript
+        self._compacted = compacted
+        self.start = (compacted.upto if compacted else 0) if start is None else start
+        self.end = end
+        head = compacted.summary if compacted else []
+        self._messages = [*head, *transcript.between(self.start, end)]
+
+    def fleet_cursor(self) -> Cursor:
+        summary = self._compacted.step_id if self._compacted else None
+        return Cursor(self._transcript.run_id, self._transcript.name, self.start, self.end, summary)
+
+
+class Conversations:
+    """A replay's transcripts, the messages and compactions it has yet to write, and
+    which step's output each value the replay handed out is (so a message is shown
+    with the step that produced it)."""
+
+    def __init__(self, rt: Runtime, run: RunRow) -> None:
+        self._rt = rt
+        self.run_id = run.id
+        self._created_at = run.created_at
+        self._open: dict[str, Transcript] = {}
+        self.messages: list[NewMessage] = []
+        self.compactions: list[NewCompaction] = []
+        self._producers: dict[int, tuple[Any, str]] = {}
+
+    def open(self, name: str) -> Transcript:
+        check_name(name, "transcript")
+        found = self._open.get(name)
+        if found is None:
+            recorded = self._rt.queries.recorded(self.run_id, self._created_at, name)
+            found = self._open[name] = Transcript(self, name, recorded)
+        return found
+
+    def produced(self, value: Any, step_id: str) -> None:
+        """``value`` is the output of step ``step_id`` (kept alive, so ids stay unique)."""
+        self._producers[id(value)] = (value, step_id)
+
+    def new_message(self, name: str, pos: int, message: dict[str, Any]) -> None:
+        body = self._rt.payloads.dump(message, what=f"message {pos} of transcript {name!r}")
+        self.messages.append(NewMessage(name, pos, body, self._producer(message)))
+
+    def _producer(self, message: dict[str, Any]) -> str | None:
+        for value in (message, message.get("content")):
+            found = self._producers.get(id(value))
+            if found is not None and found[0] is value:
+                return found[1]
+        return None
+
+    def unfinished(self) -> str | None:
+        """A transcript the replay did not append all its recorded messages to, as the
+        error of a workflow that returned: its code no longer says what it said."""
+        for t in self._open.values():
+            if len(t) < len(t._recorded):
+                return (
+                    f"non-determinism in run {self.run_id}: the workflow returned after "
+                    f"appending {len(t)} messages to transcript {t.name!r} but "
+                    f"{len(t._recorded)} are recorded"
+                )
+        return None
+
+    def taken(self) -> tuple[list[NewMessage], list[NewCompaction]]:
+        """What is to be written now; cleared, as the caller writes it."""
+        out = (self.messages, self.compactions)
+        self.messages, self.compactions = [], []
+        return out

@@ -1,0 +1,166 @@
+"""Transcripts without services: the cursor's record, the codec's marker (which user
+data can never forge), the comparison of replayed appends, the read-only sequence and
+the model's window, and a whole agent loop on the in-process broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleet import Fleet, Settings, StepContext, WorkflowContext, codec
+from fleet.errors import PayloadError
+from fleet.testing import InlineBroker
+from fleet.transcripts import (
+    MARKER,
+    CompactionInfo,
+    Cursor,
+    MessageInfo,
+    Messages,
+    TranscriptInfo,
+    reading,
+    same,
+    summary_messages,
+)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def test_a_cursor_round_trips_through_the_codec_as_a_marker() -> None:
+    cursor = Cursor("run-1", "main", 3, 40, "summarize#2")
+    text = codec.encode({"chat": cursor}, what="input", limit=1000)
+    assert MARKER in text and len(text) < 120
+    assert codec.decode(text) == {"chat": cursor}
+    whole = Cursor("run-1", "main", 0, 40, window=(12, "summarize#1"))
+    assert codec.decode(codec.encode([whole], what="x", limit=1000)) == [whole]
+    assert whole.windowed() == Cursor("run-1", "main", 12, 40, "summarize#1")
+
+
+@given(json_values)
+def test_user_data_is_never_taken_for_a_cursor(value: Any) -> None:
+    forged = {MARKER: {"run": "other-run", "name": "main", "end": 5}, "v": value}
+    for candidate in (forged, {MARKER: forged[MARKER]}, [{MARKER: value}]):
+        assert codec.decode(codec.encode(candidate, what="x", limit=1 << 20)) == candidate
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        None,
+        [],
+        {"run": "r", "name": "main"},
+        {"run": 1, "name": "m", "end": 1},
+        {"run": "r", "name": "m", "end": 2, "start": 3},
+        {"run": "r", "name": "m", "end": 2, "window": [5, "s"]},
+        {"run": "r", "name": "m", "end": True},
+    ],
+)
+def test_a_malformed_cursor_in_a_row_is_a_payload_error(body: Any) -> None:
+    text = '{"%s": %s}' % (MARKER, codec.encode(body, what="x", limit=1000))
+    with pytest.raises(PayloadError, match="transcript cursor is malformed"):
+        codec.decode(text)
+
+
+def test_a_cursor_decoded_inside_a_step_is_the_readers_view() -> None:
+    class Reader:
+        def view(self, cursor: Cursor) -> Any:
+            return ("view of", cursor.name, cursor.end)
+
+    text = codec.encode([Cursor("r", "main", 0, 7)], what="x", limit=1000)
+    with reading(Reader()):
+        assert codec.decode(text) == [("view of", "main", 7)]
+    assert codec.decode(text) == [Cursor("r", "main", 0, 7)]
+
+
+def test_same_keeps_json_types_apart_and_ignores_key_order() -> None:
+    assert same({"a": 1, "b": [1, "x"]}, {"b": [1, "x"], "a": 1})
+    assert same([1, 2], (1, 2))
+    assert not same({"a": 1}, {"a": 1.0})
+    assert not same({"a": 1}, {"a": True})
+    assert not same({"a": [1]}, {"a": [1, 2]})
+    assert not same({"a": 1}, {"a": 1, "b": None})
+
+
+def test_summary_messages_takes_a_message_a_list_or_a_string() -> None:
+    assert summary_messages("gist") == [{"role": "system", "content": "gist"}]
+    assert summary_messages({"role": "user", "content": "x"}) == [{"role": "user", "content": "x"}]
+    assert summary_messages([{"a": 1}]) == [{"a": 1}]
+    with pytest.raises(PayloadError, match="returned int"):
+        summary_messages(3)
+
+
+def test_messages_is_a_read_only_sequence_that_loads_only_what_is_asked() -> None:
+    asked: list[tuple[int, int]] = []
+    data = [{"n": i} for i in range(10)]
+
+    def load(a: int, b: int) -> list[dict[str, int]]:
+        asked.append((a, b))
+        return [dict(m) for m in data[a:b]]
+
+    view = Messages(load, 10)
+    assert len(view) == 10 and view[-1] == {"n": 9} and view[2:4] == [{"n": 2}, {"n": 3}]
+    assert list(view) == data and view[8:100] == data[8:] and view[5:2] == []
+    assert asked == [(9, 10), (2, 4), (0, 10), (8, 10)]
+    with pytest.raises(IndexError):
+        view[10]
+    view[0]["n"] = 99  # the caller's own copy
+    assert view[0] == {"n": 0}
+
+
+def test_a_transcripts_window_is_the_current_summary_then_what_follows() -> None:
+    msgs = [MessageInfo(i, {"content": str(i)}, None, 0.0) for i in range(6)]
+    done = CompactionInfo(1, 0, 4, None, "s#1", "done", [{"content": "gist"}], 0.0)
+    running = CompactionInfo(2, 4, 5, 1, "s#2", "running", None, 0.0)
+    info = TranscriptInfo("r", "main", msgs, [done, running])
+    assert info.current == done
+    assert info.window() == [{"content": "gist"}, {"content": "4"}, {"content": "5"}]
+    assert TranscriptInfo("r", "main", msgs, []).window() == info.raw()
+
+
+app = Fleet("unit-chat", settings=Settings(broker_url="redis://127.0.0.1:1/0"))
+
+
+@app.step
+def turn(ctx: StepContext, chat: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": f"{len(chat)} seen, first {chat[0]['content']}"}
+
+
+@app.workflow(pins={"model": "m-1"})
+def loop(wf: WorkflowContext, n: int) -> list[int]:
+    chat = wf.transcript()
+    chat.append({"role": "user", "content": "hi"})
+    for _ in range(n):
+        chat.append(wf.step(turn, chat))
+    other = wf.transcript("notes")
+    other.append({"role": "user", "content": "a second transcript"})
+    return [len(chat), len(other)]
+
+
+def test_an_agent_loop_on_the_inline_broker(tmp_path: Path) -> None:
+    fleet = app.with_settings(
+        Settings(database_url=f"sqlite:///{tmp_path}/a.db", broker_url=app.settings.broker_url)
+    )
+    broker = InlineBroker(fleet)
+    run = fleet.enqueue("loop", 3)
+    broker.drain()
+    assert run.wait(timeout=0) == [4, 1]
+    raw = fleet.transcript(run.id).raw()
+    assert [m["content"] for m in raw] == [
+        "hi",
+        "1 seen, first hi",
+        "2 seen, first hi",
+        "3 seen, first hi",
+    ]
+    assert fleet.transcript(run.id, "notes").raw() == [
+        {"role": "user", "content": "a second transcript"}
+    ]
+    assert fleet.transcript(run.id, "never").messages == []
