@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fleet import Fleet
 from fleet.worker.context import StepContext
-from fleet.worker.replay import WorkflowContext
+from fleet.worker.workflow import WorkflowContext
 
 fleet = Fleet("bench")
 

@@ -21,7 +21,7 @@ from fleet.policy import RetryPolicy
 from fleet.records import DeadLetterInfo, StepInfo
 from fleet.secrets import Secret
 from fleet.worker.context import LeaseLost, StepContext
-from fleet.worker.replay import WorkflowContext
+from fleet.worker.workflow import WorkflowContext
 
 __all__ = [
     "BadInput",

@@ -65,7 +65,7 @@ def test_user_data_is_never_taken_for_a_cursor(value: Any) -> None:
     ],
 )
 def test_a_malformed_cursor_in_a_row_is_a_payload_error(body: Any) -> None:
-    text = '{"%s": %s}' % (MARKER, codec.encode(body, what="x", limit=1000))
+    text = f'{{"{MARKER}": {codec.encode(body, what="x", limit=1000)}}}'
     with pytest.raises(PayloadError, match="transcript cursor is malformed"):
         codec.decode(text)
 
