@@ -145,11 +145,8 @@ def resolve_blobs(conn: Connection, bodies: list[str]) -> list[str]:
     digests = {b[len(BLOB) :] for b in bodies if b.startswith(BLOB)}
     if not digests:
         return bodies
-    found: dict[str, str] = dict(
-        conn.execute(select(blobs.c.digest, blobs.c.body).where(blobs.c.digest.in_(digests)))
-        .tuples()
-        .all()
-    )
+    rows = conn.execute(select(blobs.c.digest, blobs.c.body).where(blobs.c.digest.in_(digests)))
+    found: dict[str, str] = {digest: body for digest, body in rows}
     out = []
     for body in bodies:
         if body.startswith(BLOB):

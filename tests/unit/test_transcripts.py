@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet import Fleet, Settings, StepContext, WorkflowContext, codec
+from fleet import Fleet, RunFailed, Settings, StepContext, WorkflowContext, codec
 from fleet.errors import PayloadError
 from fleet.testing import InlineBroker
 from fleet.transcripts import (
@@ -164,3 +164,43 @@ def test_an_agent_loop_on_the_inline_broker(tmp_path: Path) -> None:
         {"role": "user", "content": "a second transcript"}
     ]
     assert fleet.transcript(run.id, "never").messages == []
+
+
+@app.step
+def big(ctx: StepContext, chat: Any) -> int:
+    return sum(len(m["content"]) for m in chat.window())
+
+
+@app.workflow
+def oversized(wf: WorkflowContext, size: int) -> int:
+    chat = wf.transcript()
+    chat.append({"role": "user", "content": "small"})
+    chat.append({"role": "user", "content": "x" * size})
+    return wf.step(big, chat)
+
+
+def test_a_large_message_goes_by_reference_and_an_oversize_one_fails_the_run_in_one_line(
+    tmp_path: Path,
+) -> None:
+    fleet = app.with_settings(
+        Settings(
+            database_url=f"sqlite:///{tmp_path}/a.db",
+            broker_url=app.settings.broker_url,
+            max_payload_bytes=1000,
+            max_blob_bytes=5000,
+        )
+    )
+    broker = InlineBroker(fleet)
+    ok = fleet.enqueue("oversized", 3000)  # over the inline limit: a blob
+    broker.drain()
+    assert ok.wait(timeout=0) == 3005
+    assert fleet.transcript(ok.id).raw()[1]["content"] == "x" * 3000
+    bad = fleet.enqueue("oversized", 6000)
+    broker.drain()
+    with pytest.raises(RunFailed) as failed:
+        bad.wait(timeout=0)
+    error = str(failed.value)
+    assert "PayloadError: message 1 of transcript 'main' is" in error
+    assert "over the 5000-byte payload limit" in error and "\n" not in error
+    # What was appended before the oversize message is kept.
+    assert fleet.transcript(bad.id).raw() == [{"role": "user", "content": "small"}]
