@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -171,6 +171,27 @@ class Transaction:
         self.conn = conn
         self.failed: BaseException | None = None
         self.open = True
+        self.committed: list[Callable[[], None]] = []  # see ``after_commit``
+
+
+# The key, in a connection's ``info``, of what to do once its transaction commits.
+AFTER_COMMIT = "fleet_after_commit"
+
+
+def after_commit(conn: Connection, fn: Callable[[], None]) -> None:
+    """Call ``fn`` once the transaction ``conn`` is in has committed; never if it rolls
+    back or its COMMIT fails. What a process keeps of what it read (the history and
+    message caches) is kept so: a read in a transaction sees that transaction's own
+    writes, and those are facts only once it commits. (A connection opened outside
+    ``Database``'s transactions has no such moment: ``fn`` is dropped.)"""
+    pending = conn.info.get(AFTER_COMMIT)
+    if pending is not None:
+        pending.append(fn)
+
+
+def _run(committed: list[Callable[[], None]]) -> None:
+    for fn in committed:
+        fn()
 
 
 class Database:
@@ -210,11 +231,17 @@ class Database:
             with self._within(tx) as conn:
                 yield conn
             return
+        committed: list[Callable[[], None]] = []
         try:
             with self.engine.begin() as conn:
-                yield conn
+                conn.info[AFTER_COMMIT] = committed
+                try:
+                    yield conn
+                finally:
+                    del conn.info[AFTER_COMMIT]
         except OperationalError as exc:
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
+        _run(committed)
 
     @contextmanager
     def _within(self, tx: Transaction) -> Iterator[Connection]:
@@ -251,10 +278,12 @@ class Database:
         try:
             try:
                 conn.begin()
+                conn.info[AFTER_COMMIT] = tx.committed
                 try:
                     yield tx
                 finally:
                     tx.open = False
+                    del conn.info[AFTER_COMMIT]
                 if tx.failed is not None:
                     raise StoreUnavailable(f"a store call in the transaction failed: {tx.failed}")
             except BaseException:
@@ -264,6 +293,7 @@ class Database:
                 conn.commit()
             except OperationalError as exc:
                 raise CommitUnknown(describe_driver_error(self.url, exc)) from exc
+            _run(tx.committed)
         except OperationalError as exc:
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
         finally:

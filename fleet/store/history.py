@@ -7,7 +7,9 @@ guarded by a status that excludes ``done``, and steps are deleted only with thei
 finished run by retention, whose id then keys a new run's cache entry apart by its
 creation time), so the rows of a run up to its first unfinished step can be kept
 and only the rows after them read. The cache is exact, not a guess: what it
-returns is what a full read in the same transaction would return.
+returns is what a full read in the same transaction would return. Rows are kept only
+once the transaction they were read in has committed (``engine.after_commit``): a
+read sees its own transaction's writes, and a commit that failed made none.
 """
 
 from __future__ import annotations

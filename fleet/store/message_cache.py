@@ -35,6 +35,11 @@ class Recorded:
     def __len__(self) -> int:
         return len(self.texts)
 
+    def grown(self, texts: list[str]) -> Recorded:
+        """These messages followed by ``texts`` (the positions after them)."""
+        values = tuple(codec.decode(t) for t in texts)
+        return Recorded(self.texts + tuple(texts), self.values + values)
+
 
 EMPTY = Recorded((), ())
 
@@ -59,23 +64,22 @@ class MessageCache:
             self._entries.move_to_end(key)
             return entry[0]
 
-    def extend(self, key: tuple[str, float, str], have: Recorded, texts: list[str]) -> Recorded:
-        """``have`` followed by ``texts`` (the positions read after it), kept unless a
-        concurrent read kept more; returns what is now known."""
-        values = tuple(codec.decode(t) for t in texts)
-        grown = Recorded(have.texts + tuple(texts), have.values + values)
+    def keep(self, key: tuple[str, float, str], have: Recorded, grown: Recorded) -> None:
+        """Keep ``grown`` (``have`` and the messages read after it) unless a concurrent
+        read kept as much already."""
+        added = sum(2 * len(t) + 256 for t in grown.texts[len(have) :])
         with self._lock:
             self.reads += 1
             old = self._entries.pop(key, None)
             if old is not None and len(old[0]) >= len(grown):
                 self._entries[key] = old
-                return old[0]
-            size = sum(2 * len(t) + 256 for t in texts)
+                return
+            if old is not None and old[0] is have:
+                size = old[1] + added
+            else:
+                size = sum(2 * len(t) + 256 for t in grown.texts)
             if old is not None:
                 self._bytes -= old[1]
-                size += old[1] if old[0] is have else sum(2 * len(t) + 256 for t in have.texts)
-            elif have.texts:
-                size += sum(2 * len(t) + 256 for t in have.texts)
             self._entries[key] = (grown, size)
             self._bytes += size
             while self._entries and (
@@ -83,7 +87,6 @@ class MessageCache:
             ):
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self._bytes -= evicted
-            return grown
 
     def summary(self, key: tuple[str, float, str]) -> str | None:
         with self._lock:

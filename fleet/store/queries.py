@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection, Row
 from fleet.records import DeadMessageInfo
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store import messages as transcripts
-from fleet.store.engine import Database, Transaction, db_now
+from fleet.store.engine import Database, Transaction, after_commit, db_now
 from fleet.store.history import HistoryCache
 from fleet.store.message_cache import Recorded
 from fleet.store.predicates import RUN, SEQ, STEP, step_is
@@ -76,7 +76,7 @@ def _snapshot(conn: Connection, run: RunRow, cache: HistoryCache) -> Snapshot:
     else:
         rows = conn.execute(HISTORY, {"b_run": run_id})
     tail = [StepRow.from_row(row) for row in rows]
-    cache.extend(key, prefix, tail)
+    after_commit(conn, lambda: cache.extend(key, prefix, tail))
     return Snapshot(run, [*prefix, *tail])
 
 
@@ -287,8 +287,9 @@ class Queries:
             bodies = list(conn.execute(stmt, params).scalars())
             if not bodies:
                 return have
-            texts = transcripts.resolve_blobs(conn, bodies)
-        return cache.extend(key, have, texts)
+            grown = have.grown(transcripts.resolve_blobs(conn, bodies))
+            after_commit(conn, lambda: cache.keep(key, have, grown))
+        return grown
 
     def summary(self, run_id: str, created_at: float, step_id: str) -> str | None:
         """The recorded output of a compaction's summarize step once it is done (a done
@@ -303,7 +304,7 @@ class Queries:
             if row is None or row.status != StepStatus.DONE or row.output is None:
                 return None
             (text,) = transcripts.resolve_blobs(conn, [row.output])
-        cache.keep_summary(key, text)
+            after_commit(conn, lambda: cache.keep_summary(key, text))
         return text
 
     def transcript(self, run_id: str, name: str) -> tuple[list[Any], list[Any]]:
