@@ -151,7 +151,8 @@ class WorkflowContext:
         raw: bool = False,
     ) -> list[dict[str, Any]]:
         """Run ``fn`` as a step over the messages not kept (the current window before
-        the last ``keep_last``; with ``raw``, every raw message before them) and record
+        the last ``keep_last``, or more so that no tool result is kept without the
+        call it answers; with ``raw``, every raw message before them) and record
         its output as the summary that now leads ``transcript.window()``. Raw messages
         are never rewritten; a later compaction supersedes this one. Returns the
         summary messages (nothing new to fold in: the current summary, no step)."""
@@ -161,6 +162,10 @@ class WorkflowContext:
             raise ValueError("keep_last must be 0 or more")
         base = None if raw else transcript.compacted
         upto = max(0, len(transcript) - keep_last)
+        # Never part a tool call from its results: the kept messages do not begin
+        # with a tool result (a provider refuses one whose call it was not shown).
+        while 0 < upto < len(transcript) and transcript[upto].get("role") == "tool":
+            upto -= 1
         if upto <= (base.upto if base else 0) and not raw:
             return list(transcript.compacted.summary) if transcript.compacted else []
         sd = self._rt.registry.step(fn)

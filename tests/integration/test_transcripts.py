@@ -97,14 +97,14 @@ def test_steps_see_the_window_after_a_compaction_and_raw_stays_whole(
         (3, "done"),
     ]
     # Each compaction folds the previous summary and the raw messages after it.
-    assert [(c.start, c.base) for c in info.compactions] == [(0, None), (4, 1), (9, 2)]
+    assert [(c.start, c.base) for c in info.compactions] == [(0, None), (3, 1), (8, 2)]
     current = info.current
     assert current is not None and current.number == 3
     window = info.window()
     assert window[0]["role"] == "system" and window[0]["content"].startswith("summary: ")
     assert window[1:] == info.raw()[current.upto :]
     # What respond saw after a compaction was the window, not the raw history.
-    assert seen[2] == 1 + 2  # the summary, then the two messages kept
+    assert seen[2] == 1 + 3  # the summary, the tool call and its result, a message
 
 
 def test_a_changed_append_is_a_non_determinism_error_naming_the_position(

@@ -204,3 +204,32 @@ def test_a_large_message_goes_by_reference_and_an_oversize_one_fails_the_run_in_
     assert "over the 5000-byte payload limit" in error and "\n" not in error
     # What was appended before the oversize message is kept.
     assert fleet.transcript(bad.id).raw() == [{"role": "user", "content": "small"}]
+
+
+@app.step
+def count(ctx: StepContext, messages: Any) -> str:
+    return f"{len(messages)} messages"
+
+
+@app.workflow
+def toolish(wf: WorkflowContext) -> list[Any]:
+    chat = wf.transcript()
+    chat.append({"role": "user", "content": "go"})
+    chat.append({"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "b"}]})
+    chat.append({"role": "tool", "tool_call_id": "a", "content": "1"})
+    chat.append({"role": "tool", "tool_call_id": "b", "content": "2"})
+    chat.append({"role": "assistant", "content": "done"})
+    return [wf.compact(chat, count, keep_last=2), [m["role"] for m in chat.window()]]
+
+
+def test_a_compaction_never_keeps_a_tool_result_without_its_call(tmp_path: Path) -> None:
+    fleet = app.with_settings(
+        Settings(database_url=f"sqlite:///{tmp_path}/a.db", broker_url=app.settings.broker_url)
+    )
+    broker = InlineBroker(fleet)
+    run = fleet.enqueue("toolish")
+    broker.drain()
+    summary, roles = run.wait(timeout=0)
+    assert summary == [{"role": "system", "content": "1 messages"}]
+    assert roles == ["system", "assistant", "tool", "tool", "assistant"]
+    assert [c.upto for c in fleet.transcript(run.id).compactions] == [1]
