@@ -1,6 +1,7 @@
-"""Example agent workflows: the research agent and a notifier (``fleet worker -A tasks``)."""
+"""Example agent workflows: the research agent, a notifier and the notes agent
+(``fleet worker -A tasks``)."""
 
-from tasks import notifier, research
+from tasks import agent, notifier, research
 from tasks.app import celery_app, fleet
 
-__all__ = ["celery_app", "fleet", "notifier", "research"]
+__all__ = ["agent", "celery_app", "fleet", "notifier", "research"]

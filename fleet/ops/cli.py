@@ -13,12 +13,16 @@ from typing import Annotated, Any
 
 import typer
 
+from fleet.errors import BadInput
 from fleet.ops import cli_admin, cli_runs
 from fleet.ops.cli_common import console, guard
 from fleet.ops.cli_messages import messages_app
 
 
 def demo(
+    which: Annotated[
+        str, typer.Argument(help="research (the default) or agent: the tool-using notes agent")
+    ] = "research",
     keep: Annotated[bool, typer.Option(help="keep the state in ./.fleet for `fleet runs`")] = False,
     database_url: Annotated[
         str | None, typer.Option(help="a Postgres URL instead of SQLite")
@@ -27,13 +31,22 @@ def demo(
         str | None, typer.Option(help="a Redis URL instead of the filesystem")
     ] = None,
 ) -> None:
-    """The research agent end to end: a worker killed mid-run, the run resumed."""
-    from fleet.ops.demo import run_demo
-
+    """The research agent end to end: a worker killed mid-run, the run resumed.
+    ``fleet demo agent``: the same for a tool-using agent's conversation."""
     code = guard(
-        lambda: run_demo(console, keep=keep, database_url=database_url, broker_url=broker_url)
+        lambda: _demo(which)(console, keep=keep, database_url=database_url, broker_url=broker_url)
     )
     raise typer.Exit(code)
+
+
+def _demo(which: str) -> Callable[..., int]:
+    from fleet.ops.demo import run_demo
+    from fleet.ops.demo_agent import run_agent_demo
+
+    demos: dict[str, Callable[..., int]] = {"research": run_demo, "agent": run_agent_demo}
+    if which not in demos:
+        raise BadInput(f"no demo named {which!r}: try {' or '.join(demos)}")
+    return demos[which]
 
 
 # In the order ``fleet --help`` lists them.

@@ -66,7 +66,7 @@ def example_fleet() -> Fleet:
     return found
 
 
-def _demo_env(home: Path, database_url: str | None, broker_url: str | None) -> dict[str, str]:
+def demo_env(home: Path, database_url: str | None, broker_url: str | None) -> dict[str, str]:
     """The demo's processes' environment: the user's, without their FLEET_* settings,
     and a short lease so that the takeover is seen within seconds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
@@ -91,7 +91,7 @@ def run_demo(
     home.mkdir(parents=True, exist_ok=True)
     logdir = home / "demo-logs"
     logdir.mkdir(exist_ok=True)
-    env = _demo_env(home, database_url, broker_url)
+    env = demo_env(home, database_url, broker_url)
     where = "Postgres + Redis" if database_url else f"the embedded store in {home}"
     console.print(
         Panel.fit(
@@ -155,12 +155,12 @@ def _follow(
                 _maybe_kill(client, steps, procs, story)
             elif not story.resumed:
                 _maybe_resumed(steps, story)
-            live.update(_live_view(run, steps, story))
+            live.update(live_view(run, steps, story))
             if RunStatus(run.status).finished:
                 return bool(run.status == RunStatus.SUCCEEDED)
             if time.monotonic() > deadline:
                 story.say(f"[red]gave up after {TIMEOUT:.0f}s[/red]")
-                live.update(_live_view(run, steps, story))
+                live.update(live_view(run, steps, story))
                 return False
             time.sleep(0.12)
 
@@ -205,7 +205,7 @@ def _maybe_resumed(steps: list[Any], story: Story) -> None:
     )
 
 
-def _live_view(run: Any, steps: list[Any], story: Story) -> Group:
+def live_view(run: Any, steps: list[Any], story: Story) -> Group:
     table = Table(title=f"run {run.id} · {status_text(run.status)}", expand=False)
     for col in ("step", "status", "attempts", "epoch", "lease holder"):
         table.add_column(col)
