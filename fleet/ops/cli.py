@@ -2,8 +2,9 @@
 
 The commands live by concern: runs in ``cli_runs``, the fleet's processes, schema,
 dead letters and retention in ``cli_admin``, set-aside broker messages in
-``cli_messages``; what they share in ``cli_common``. Exit codes: 0 success; 1 the run
-or command failed; 2 bad usage or bad input, with one line naming what was wrong.
+``cli_messages``, a run's conversation in ``cli_transcript``; what they share in
+``cli_common``. Exit codes: 0 success; 1 the run or command failed; 2 bad usage or bad
+input, with one line naming what was wrong.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from fleet.errors import BadInput
-from fleet.ops import cli_admin, cli_runs
+from fleet.ops import cli_admin, cli_runs, cli_transcript
 from fleet.ops.cli_common import console, guard
 from fleet.ops.cli_messages import messages_app
 
@@ -58,6 +59,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "runs": cli_runs.runs,
     "status": cli_runs.status,
     "watch": cli_runs.watch,
+    "transcript": cli_transcript.transcript,
     "metrics": cli_admin.metrics,
     "signal": cli_runs.signal_,
     "resolve": cli_runs.resolve,
