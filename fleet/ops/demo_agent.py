@@ -18,16 +18,15 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from fleet.app import Fleet
 from fleet.config import Settings
 from fleet.ops.demo import APP, Story, demo_env, example_fleet, live_view
+from fleet.ops.render_transcript import render_transcript
 from fleet.records import attempts_by_step
 from fleet.states import AttemptOutcome, RunStatus, StepKind, StepStatus
 from fleet.testing import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
-from fleet.transcripts import TranscriptInfo
 
 WORKFLOW = "agent"
 KILL_TURN = 4  # after the first compaction: the resumed model is shown a summary
@@ -203,7 +202,7 @@ def _summary(console: Console, client: Fleet, run_id: str, agent: Agent, calls_l
     assert run is not None
     info = client.transcript(run_id)
     console.print()
-    console.print(conversation(info))
+    console.print(render_transcript(info, view="raw"))
     if run.status == RunStatus.SUCCEEDED:
         result = client.runtime.payloads.load(run.result)
         console.print(Panel(Text(str(result.get("answer", ""))), title=f"answer · run {run_id}"))
@@ -254,33 +253,3 @@ def _taken_over(client: Fleet, run_id: str, step_id: str) -> str | None:
         f"{first.worker.rsplit(':', 1)[0]} {first.outcome}, epoch {last.epoch} on "
         f"{last.worker.rsplit(':', 1)[0]} done"
     )
-
-
-def conversation(info: TranscriptInfo) -> Table:
-    """The raw transcript, one row a message: position, role, the step that produced
-    it, and what it says (tool calls as name(arguments))."""
-    table = Table(title=f"the conversation ({len(info.messages)} messages)", show_lines=False)
-    for col in ("#", "role", "step", "message"):
-        table.add_column(col, overflow="fold")
-    marks = {c.upto: c for c in info.compactions}
-    for m in info.messages:
-        if m.position in marks:
-            c = marks[m.position]
-            table.add_row(
-                "",
-                "",
-                Text(c.step_id, style="magenta"),
-                Text(
-                    f"— compaction {c.number}: messages before {c.upto} summarized —",
-                    style="magenta",
-                ),
-            )
-        msg = m.message
-        text = str(msg.get("content") or "")
-        calls = [
-            f"→ {call.get('function', {}).get('name')}({call.get('function', {}).get('arguments')})"
-            for call in msg.get("tool_calls") or []
-        ]
-        body = "\n".join([text[:300] + ("…" if len(text) > 300 else ""), *calls]).strip()
-        table.add_row(str(m.position), str(msg.get("role")), m.step_id or "workflow", Text(body))
-    return table

@@ -19,8 +19,8 @@ def check_story(out: subprocess.CompletedProcess[str]) -> None:
     assert "approved by 'demo'" in text
     assert "resumed" in text and "the 4 model turns before it were not asked again" in text
     # The conversation, with the step that produced each message and the compactions.
-    assert re.search(r"│ 10 │ assistant │ model_turn#4\s*│ There are 6 notes", text)
-    assert "compaction 2: messages before 13 summarized" in text
+    assert re.search(r"#10 assistant · model_turn#4\n\s+There are 6 notes", text)
+    assert "── compaction 2 (summarize#2): messages 0–12 summarized" in text
     assert "I deleted 'scratch'" in text
     # The proof lines, every one holding.
     assert "proof ok: model calls per turn: [1, 1, 1, 1, 1, 1, 1]" in text
