@@ -7,15 +7,31 @@ with ``prompt_tokens`` and ``completion_tokens`` works, the official one include
         llm = recording(OpenAI(base_url=..., api_key=...), ctx, prices=PRICES)
         reply = llm.chat.completions.create(model="gpt-x", messages=[...])
         return reply.choices[0].message.content
+
+The run's pinned model is enforced here, where the call is made: when the run pins a
+``model`` (``ctx.pins``, from the workflow's ``pins=``), a request naming no model is
+sent with the pin, and a request naming another model is refused before it reaches
+the client with ``NonRetryable`` (the step is dead-lettered at once, its spend so far
+still counted): resuming a history into another model is not a resume, and a
+deliberate change of model is a new workflow version, on its own queue. Only the
+request is checked; a provider answering with a dated name ("gpt-4o-2024-08-06" for
+"gpt-4o") is fine, and usage is recorded under the name the response gives. An
+asyncio client (``AsyncOpenAI``) works the same way: ``await`` the call.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from fleet.errors import NonRetryable
+
 
 class UsageSink(Protocol):
+    """Where usage goes (a ``StepContext``). A sink may also have ``pins`` (the run's
+    pins) and ``run_id``; without ``pins`` no model is enforced."""
+
     def record_usage(
         self,
         model: str | None = None,
@@ -35,12 +51,45 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
+def _pinned_request(ctx: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request as it may be sent under the run's pins: the pinned model filled in
+    when none is named; ``NonRetryable`` (one line naming both) when another is."""
+    pins = getattr(ctx, "pins", None) or {}
+    pinned = pins.get("model") if isinstance(pins, Mapping) else None
+    if pinned is None:
+        return kwargs
+    asked = kwargs.get("model")
+    if not asked:  # absent, None, "" or the official client's NOT_GIVEN
+        return {**kwargs, "model": pinned}
+    if asked != pinned:
+        run_id = getattr(ctx, "run_id", "?")
+        raise NonRetryable(
+            f"request for model {asked!r} refused: run {run_id} is pinned to {pinned!r}"
+            " (a change of model is a new workflow version)"
+        )
+    return kwargs
+
+
 class _Completions:
     def __init__(self, inner: Any, ctx: UsageSink, prices: Prices) -> None:
         self._inner, self._ctx, self._prices = inner, ctx, prices
 
     def create(self, **kwargs: Any) -> Any:
+        kwargs = _pinned_request(self._ctx, kwargs)
         response = self._inner.create(**kwargs)
+        # The asyncio client's create returns an awaitable (its decorator hides that
+        # the method is a coroutine function, so the result is what tells).
+        if inspect.isawaitable(response):
+            return self._recorded_later(response, kwargs)
+        self._record(response, kwargs)
+        return response
+
+    async def _recorded_later(self, pending: Any, kwargs: dict[str, Any]) -> Any:
+        response = await pending
+        self._record(response, kwargs)
+        return response
+
+    def _record(self, response: Any, kwargs: dict[str, Any]) -> None:
         usage = _field(response, "usage")
         model = _field(response, "model") or kwargs.get("model")
         tin = int(_field(usage, "prompt_tokens", 0) or 0) if usage is not None else 0
@@ -52,7 +101,6 @@ class _Completions:
             output_tokens=tout,
             cost=tin * price_in + tout * price_out,
         )
-        return response
 
 
 class _Chat:
@@ -61,7 +109,8 @@ class _Chat:
 
 
 class RecordingClient:
-    """The client, with every chat completion's usage recorded on the step attempt."""
+    """The client, with every chat completion's usage recorded on the step attempt
+    and its model held to the run's pin."""
 
     def __init__(self, client: Any, ctx: UsageSink, prices: Prices | None = None) -> None:
         self._client = client
@@ -72,4 +121,5 @@ class RecordingClient:
 
 
 def recording(client: Any, ctx: UsageSink, prices: Prices | None = None) -> RecordingClient:
+    """``client`` with usage recorded on ``ctx`` and the run's pinned model enforced."""
     return RecordingClient(client, ctx, prices)

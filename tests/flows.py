@@ -469,3 +469,50 @@ def talks(wf: WorkflowContext, wait: bool = False, text: str = "hello") -> int:
     if wait:
         wf.wait_for("approval")
     return len(chat.window())
+
+
+# --- the model pinned per run (fleet.llm) -----------------------------------------------
+
+PINNED_MODEL = "example-model-2026-10"
+
+
+class FakeProvider:
+    """An OpenAI-compatible client standing in for the provider: every chat completion
+    costs 7 + 3 tokens, answered under the model asked for; each request that reaches
+    it is logged ("provider-call"), so a test sees which were never sent."""
+
+    def __init__(self, ctx: StepContext) -> None:
+        self._ctx = ctx
+        self.chat = self
+        self.completions = self
+
+    def create(self, **kwargs: Any) -> dict[str, Any]:
+        log_event(self._ctx, "provider-call", model=kwargs.get("model"))
+        return {
+            "model": kwargs.get("model"),
+            "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3},
+        }
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=3, initial_delay=0.1, max_delay=0.5))
+def pinned_turn(ctx: StepContext, models: list[str | None]) -> list[str]:
+    """One request per entry of ``models`` (None: the request names no model), through
+    fleet.llm.recording; returns the model each reply came from."""
+    from fleet.llm import recording
+
+    log_event(ctx, "start", pins=ctx.pins)
+    llm = recording(FakeProvider(ctx), ctx, prices={PINNED_MODEL: (0.001, 0.002)})
+    replies = []
+    for model in models:
+        named = {} if model is None else {"model": model}
+        reply = llm.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **named)
+        replies.append(str(reply["model"]))
+    return replies
+
+
+@fleet.workflow(version="1", pins={"model": PINNED_MODEL})
+def pinned_chat(wf: WorkflowContext, later_model: str) -> list[list[str]]:
+    """A turn naming no model, then one that names ``later_model`` after another request
+    naming none (so the later attempt has spent before it asks)."""
+    return [wf.step(pinned_turn, [None]), wf.step(pinned_turn, [None, later_model])]
