@@ -255,3 +255,17 @@ def find_event(
         if e["step"] == step and e["event"] == event and all(e[k] == v for k, v in match.items()):
             return e
     return None
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two JSON values are the same value: ``==`` but with types kept apart
+    (``1``, ``1.0`` and ``True`` are three values here) and key order ignored."""
+    if isinstance(a, dict):
+        if not isinstance(b, dict) or a.keys() != b.keys():
+            return False
+        return all(same(v, b[k]) for k, v in a.items())
+    if isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or len(a) != len(b):
+            return False
+        return all(same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b

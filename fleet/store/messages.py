@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, String, bindparam, select
+from sqlalchemy import Integer, String, bindparam, case, select
 from sqlalchemy.engine import Connection
 
 from fleet.errors import PayloadError
@@ -107,14 +107,23 @@ def compaction_params(run_id: str, new: Sequence[NewCompaction]) -> list[dict[st
 
 # --- reads (Queries') -----------------------------------------------------------------
 
+# A message that is its producing step's output, unchanged, is recorded as this (not
+# JSON, so never a message) and read as that output: an agent's replies are stored once.
+SAME_AS_OUTPUT = "@output"
+_PRODUCER = (steps.c.run_id == messages.c.run_id) & (steps.c.step_id == messages.c.step_id)
+BODY = case((messages.c.body == SAME_AS_OUTPUT, steps.c.output), else_=messages.c.body)
+_OF = messages.outerjoin(steps, _PRODUCER)
+
 MESSAGES_FROM = (
-    select(messages.c.body)
+    select(BODY)
+    .select_from(_OF)
     .where(messages.c.run_id == RUN, messages.c.transcript == NAME, messages.c.pos >= POS)
     .order_by(messages.c.pos)
 )
 BOUNDED = MESSAGES_FROM.where(messages.c.pos < bindparam("b_end", type_=Integer))
 WHOLE = (
-    select(messages.c.pos, messages.c.body, messages.c.step_id, messages.c.created_at)
+    select(messages.c.pos, BODY.label("body"), messages.c.step_id, messages.c.created_at)
+    .select_from(_OF)
     .where(messages.c.run_id == RUN, messages.c.transcript == NAME)
     .order_by(messages.c.pos)
 )
@@ -139,16 +148,20 @@ COMPACTIONS = (
 NAMES = select(messages.c.transcript).where(messages.c.run_id == RUN).distinct()
 
 
-def resolve_blobs(conn: Connection, bodies: list[str]) -> list[str]:
+def resolve_blobs(conn: Connection, bodies: list[str | None]) -> list[str]:
     """Message bodies with each blob reference replaced by the blob's text (one
-    statement for all of them; none when no body is a reference)."""
-    digests = {b[len(BLOB) :] for b in bodies if b.startswith(BLOB)}
+    statement for all of them; none when no body is a reference). A body that is
+    None is a message recorded as its step's output whose step is gone: refused."""
+    if any(b is None for b in bodies):
+        raise PayloadError("a message recorded as its step's output has no such output")
+    digests = {b[len(BLOB) :] for b in bodies if b is not None and b.startswith(BLOB)}
     if not digests:
-        return bodies
+        return [b for b in bodies if b is not None]
     rows = conn.execute(select(blobs.c.digest, blobs.c.body).where(blobs.c.digest.in_(digests)))
     found: dict[str, str] = {digest: body for digest, body in rows}
     out = []
     for body in bodies:
+        assert body is not None
         if body.startswith(BLOB):
             text = found.get(body[len(BLOB) :])
             if text is None:

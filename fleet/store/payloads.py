@@ -30,7 +30,10 @@ class Payloads:
         self.queries = queries
 
     def dump(self, value: Any, what: str) -> str:
-        text = codec.encode(value, what=what, limit=self.settings.max_blob_bytes)
+        return self.store(codec.encode(value, what=what, limit=self.settings.max_blob_bytes))
+
+    def store(self, text: str) -> str:
+        """An encoded value as recorded: inline, or by reference once over the limit."""
         if len(text.encode()) <= self.settings.max_payload_bytes:
             return text
         digest = hashlib.sha256(text.encode()).hexdigest()

@@ -2,7 +2,8 @@
 
 The workflow runs from the top on every replay, so it appends every message again:
 the k-th append of a replay is checked against the recorded k-th message (a
-mismatch is ``NonDeterminism``, naming the position), and only appends past the
+mismatch is ``NonDeterminism``, naming the position; compared as Python values, so
+``1``, ``1.0`` and ``true`` are the same number, at C speed), and only appends past the
 recorded end are new. New messages wait in the ``Conversations`` of the replay and
 are written with the next steps it records (``Ledger.record_steps``), in the same
 transaction, before any step that is given them can run. What the workflow holds is
@@ -13,15 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, overload
 
 from fleet import codec
 from fleet.errors import NonDeterminism, PayloadError
 from fleet.registry import check_name
 from fleet.store.message_cache import Recorded
-from fleet.store.messages import NewCompaction, NewMessage
+from fleet.store.messages import SAME_AS_OUTPUT, NewCompaction, NewMessage
 from fleet.store.rows import RunRow
-from fleet.transcripts import Cursor, same
+from fleet.transcripts import Cursor
 from fleet.worker.runtime import Runtime
 
 
@@ -83,7 +85,7 @@ class Transcript(_Held):
             )
         pos = len(self._messages)
         if pos < len(self._recorded):
-            if not same(message, self._recorded.values[pos]):
+            if message != self._recorded.values[pos]:
                 raise NonDeterminism(
                     f"non-determinism in run {self.run_id}: message {pos} of transcript "
                     f"{self.name!r} is not the one recorded (recorded "
@@ -126,8 +128,16 @@ class Window(_Held):
         self._compacted = compacted
         self.start = (compacted.upto if compacted else 0) if start is None else start
         self.end = end
-        head = compacted.summary if compacted else []
-        self._messages = [*head, *transcript.between(self.start, end)]
+        self._head = compacted.summary if compacted else []
+
+    # Built only if the workflow reads it: a window given to a step is only a cursor,
+    # and copying every message at every turn would make a long loop quadratic.
+    @cached_property
+    def _messages(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return [*self._head, *self._transcript.between(self.start, self.end)]
+
+    def __len__(self) -> int:
+        return len(self._head) + self.end - self.start
 
     def fleet_cursor(self) -> Cursor:
         summary = self._compacted.step_id if self._compacted else None
@@ -146,7 +156,7 @@ class Conversations:
         self._open: dict[str, Transcript] = {}
         self.messages: list[NewMessage] = []
         self.compactions: list[NewCompaction] = []
-        self._producers: dict[int, tuple[Any, str]] = {}
+        self._producers: dict[int, tuple[Any, str, str | None]] = {}
 
     def open(self, name: str) -> Transcript:
         check_name(name, "transcript")
@@ -156,19 +166,30 @@ class Conversations:
             found = self._open[name] = Transcript(self, name, recorded)
         return found
 
-    def produced(self, value: Any, step_id: str) -> None:
-        """``value`` is the output of step ``step_id`` (kept alive, so ids stay unique)."""
-        self._producers[id(value)] = (value, step_id)
+    def produced(self, value: Any, step_id: str, output: str | None) -> None:
+        """``value`` was decoded from ``output``, the recorded output of step
+        ``step_id`` (kept alive, so ids stay unique)."""
+        self._producers[id(value)] = (value, step_id, output)
 
     def new_message(self, name: str, pos: int, message: dict[str, Any]) -> None:
-        body = self._rt.payloads.dump(message, what=f"message {pos} of transcript {name!r}")
-        self.messages.append(NewMessage(name, pos, body, self._producer(message)))
+        what = f"message {pos} of transcript {name!r}"
+        text = codec.encode(message, what=what, limit=self._rt.settings.max_blob_bytes)
+        producer = self._producer(message)
+        if producer is not None and producer[1] is message and producer[2] == text:
+            # The step's output itself, unchanged: recorded once, as that output.
+            body = SAME_AS_OUTPUT
+        else:
+            body = self._rt.payloads.store(text)
+        step_id = producer[0] if producer is not None else None
+        self.messages.append(NewMessage(name, pos, body, step_id))
 
-    def _producer(self, message: dict[str, Any]) -> str | None:
+    def _producer(self, message: dict[str, Any]) -> tuple[str, Any, str | None] | None:
+        """The step whose output the message (or its content) is: its id, that output's
+        value and its recorded text."""
         for value in (message, message.get("content")):
             found = self._producers.get(id(value))
             if found is not None and found[0] is value:
-                return found[1]
+                return found[1], value, found[2]
         return None
 
     def unfinished(self) -> str | None:

@@ -267,7 +267,7 @@ class WorkflowContext:
     def _outcome(self, rec: StepRow) -> Any:
         if rec.status == StepStatus.DONE:
             value = self._rt.payloads.load(rec.output)
-            self.talk.produced(value, rec.step_id)
+            self.talk.produced(value, rec.step_id, rec.output)
             return value
         if rec.status == StepStatus.DEAD:
             raise StepFailed(rec.step_id, rec.error or "dead-lettered", rec.attempts)

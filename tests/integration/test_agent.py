@@ -22,11 +22,10 @@ import pytest
 from fleet import Fleet, Settings
 from fleet.states import AttemptOutcome, StepStatus
 from fleet.testing import SWEEPER_READY, FleetProcess, sweeper_argv
-from fleet.transcripts import same
 from tasks import agent
 from tasks import app as tasks_app
 from tasks.model import read_calls
-from tests.harness import Backend, Cluster, InlineBroker, make_backend, poll
+from tests.harness import Backend, Cluster, InlineBroker, make_backend, poll, same
 
 APP = "tasks"
 TOOL_LATENCY = 0.6  # long enough for the test to see a tool running and kill it there

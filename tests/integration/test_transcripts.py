@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from fleet import Fleet, RunFailed
+from fleet.store.messages import SAME_AS_OUTPUT
 from fleet.store.schema import messages, steps
 from tests import chat_flows
 from tests.harness import Backend, Cluster, executions, poll
@@ -72,8 +73,16 @@ def test_a_transcript_is_recorded_once_and_steps_get_a_cursor(
         rows = conn.execute(
             select(func.count()).select_from(messages).where(messages.c.run_id == run.id)
         ).scalar_one()
+        # A reply that is its step's output, unchanged, is recorded as that output.
+        as_output = conn.execute(
+            select(messages.c.step_id).where(
+                messages.c.run_id == run.id, messages.c.body == SAME_AS_OUTPUT
+            )
+        ).scalars()
+        referenced = sorted(as_output)
     assert max(sizes) < 120, sizes
     assert rows == len(info.messages)
+    assert referenced == [f"respond#{i}" for i in range(1, 7)]
     # The step saw the whole window each turn (one respond per turn: none re-asked).
     seen = [e["seen"] for e in executions(backend, run.id) if e["event"] == "respond"]
     assert seen == [1, 3, 6, 8, 11, 13]

@@ -22,9 +22,9 @@ from fleet.transcripts import (
     Messages,
     TranscriptInfo,
     reading,
-    same,
     summary_messages,
 )
+from tests.harness import same
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),
