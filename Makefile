@@ -23,3 +23,4 @@ bench: setup
 	$(PY) -m bench.recovery --reps 5
 	$(PY) -m bench.waiting --reps $(REPS)
 	$(PY) -m bench.long_runs --reps $(REPS)
+	$(PY) -m bench.transcripts
