@@ -174,8 +174,10 @@ class Transaction:
         self.committed: list[Callable[[], None]] = []  # see ``after_commit``
 
 
-# The key, in a connection's ``info``, of what to do once its transaction commits.
-AFTER_COMMIT = "fleet_after_commit"
+# What to do once each open transaction commits, by its connection's id. Kept beside
+# the connection, not in its ``info``: reading that of a connection the store dropped
+# (a Postgres restart) raises, and would hide the driver's error behind another.
+_AFTER: dict[int, list[Callable[[], None]]] = {}
 
 
 def after_commit(conn: Connection, fn: Callable[[], None]) -> None:
@@ -184,7 +186,7 @@ def after_commit(conn: Connection, fn: Callable[[], None]) -> None:
     message caches) is kept so: a read in a transaction sees that transaction's own
     writes, and those are facts only once it commits. (A connection opened outside
     ``Database``'s transactions has no such moment: ``fn`` is dropped.)"""
-    pending = conn.info.get(AFTER_COMMIT)
+    pending = _AFTER.get(id(conn))
     if pending is not None:
         pending.append(fn)
 
@@ -234,11 +236,11 @@ class Database:
         committed: list[Callable[[], None]] = []
         try:
             with self.engine.begin() as conn:
-                conn.info[AFTER_COMMIT] = committed
+                _AFTER[id(conn)] = committed
                 try:
                     yield conn
                 finally:
-                    del conn.info[AFTER_COMMIT]
+                    _AFTER.pop(id(conn), None)
         except OperationalError as exc:
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
         _run(committed)
@@ -278,12 +280,12 @@ class Database:
         try:
             try:
                 conn.begin()
-                conn.info[AFTER_COMMIT] = tx.committed
+                _AFTER[id(conn)] = tx.committed
                 try:
                     yield tx
                 finally:
                     tx.open = False
-                    del conn.info[AFTER_COMMIT]
+                    _AFTER.pop(id(conn), None)
                 if tx.failed is not None:
                     raise StoreUnavailable(f"a store call in the transaction failed: {tx.failed}")
             except BaseException:
