@@ -66,6 +66,36 @@ def example_fleet() -> Fleet:
     return found
 
 
+@dataclass(frozen=True)
+class DemoHome:
+    """Where a demo keeps its store, broker and process logs: ``.fleet`` with ``--keep``,
+    else a temporary folder, removed at the end only if the story went as it should."""
+
+    path: Path
+    logs: Path
+    keep: bool
+
+    @classmethod
+    def make(cls, keep: bool, prefix: str) -> DemoHome:
+        path = Path(".fleet").resolve() if keep else Path(tempfile.mkdtemp(prefix=prefix))
+        path.mkdir(parents=True, exist_ok=True)
+        logs = path / "demo-logs"
+        logs.mkdir(exist_ok=True)
+        return cls(path, logs, keep)
+
+    def close(self, console: Console, ok: bool, try_next: str) -> None:
+        """Say where the state is (``try_next``: commands to read it), or remove it."""
+        if self.keep:
+            console.print(f"State kept in {self.path}: try {try_next} from {self.path.parent}.")
+        elif not ok:
+            console.print(
+                f"[red]The story did not go as it should.[/red] State and process "
+                f"logs are kept in {self.path} (logs in {self.logs})."
+            )
+        else:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
 def demo_env(home: Path, database_url: str | None, broker_url: str | None) -> dict[str, str]:
     """The demo's processes' environment: the user's, without their FLEET_* settings,
     and a short lease so that the takeover is seen within seconds."""
@@ -87,10 +117,8 @@ def run_demo(
     """Tell the crash-and-resume story; 0 only if the run succeeded and no completed
     step ran twice."""
     example = example_fleet()  # first: without the examples, nothing to set up or clean
-    home = Path(".fleet").resolve() if keep else Path(tempfile.mkdtemp(prefix="fleet-demo-"))
-    home.mkdir(parents=True, exist_ok=True)
-    logdir = home / "demo-logs"
-    logdir.mkdir(exist_ok=True)
+    demo_home = DemoHome.make(keep, "fleet-demo-")
+    home, logdir = demo_home.path, demo_home.logs
     env = demo_env(home, database_url, broker_url)
     where = "Postgres + Redis" if database_url else f"the embedded store in {home}"
     console.print(
@@ -127,18 +155,7 @@ def run_demo(
         for proc in procs:
             proc.stop()
         client.runtime.db.dispose()
-        if keep:
-            console.print(
-                f"State kept in {home}: try [bold]fleet runs[/bold] and "
-                f"[bold]fleet status RUN_ID[/bold] from {home.parent}."
-            )
-        elif not ok:
-            console.print(
-                f"[red]The story did not go as it should.[/red] State and process "
-                f"logs are kept in {home} (logs in {logdir})."
-            )
-        else:
-            shutil.rmtree(home, ignore_errors=True)
+        demo_home.close(console, ok, "[bold]fleet runs[/bold] and [bold]fleet status RUN_ID[/bold]")
 
 
 def _follow(

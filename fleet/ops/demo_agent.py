@@ -6,9 +6,7 @@ call log shows that no turn asked the model twice."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,7 +20,7 @@ from rich.text import Text
 
 from fleet.app import Fleet
 from fleet.config import Settings
-from fleet.ops.demo import APP, Story, demo_env, example_fleet, live_view
+from fleet.ops.demo import APP, DemoHome, Story, demo_env, example_fleet, live_view
 from fleet.ops.render_transcript import render_transcript
 from fleet.records import attempts_by_step
 from fleet.states import AttemptOutcome, RunStatus, StepKind, StepStatus
@@ -53,10 +51,8 @@ def run_agent_demo(
     """Tell the story; 0 only if the run succeeded, the killed attempt was taken over
     and every turn asked the model exactly once."""
     example = example_fleet()  # first: without the examples, nothing to set up or clean
-    home = Path(".fleet").resolve() if keep else Path(tempfile.mkdtemp(prefix="fleet-agent-"))
-    home.mkdir(parents=True, exist_ok=True)
-    logdir = home / "demo-logs"
-    logdir.mkdir(exist_ok=True)
+    demo_home = DemoHome.make(keep, "fleet-agent-")
+    home, logdir = demo_home.path, demo_home.logs
     calls_log = home / "model-calls.jsonl"
     env = {
         **demo_env(home, database_url, broker_url),
@@ -105,18 +101,7 @@ def run_agent_demo(
         for proc in procs:
             proc.stop()
         client.runtime.db.dispose()
-        if keep:
-            console.print(
-                f"State kept in {home}: try [bold]fleet transcript RUN_ID[/bold] "
-                f"from {home.parent}."
-            )
-        elif not ok:
-            console.print(
-                f"[red]The story did not go as it should.[/red] State and process "
-                f"logs are kept in {home} (logs in {logdir})."
-            )
-        else:
-            shutil.rmtree(home, ignore_errors=True)
+        demo_home.close(console, ok, "[bold]fleet transcript RUN_ID[/bold]")
 
 
 def _follow(
