@@ -331,7 +331,7 @@ class Fleet:
     def prune(
         self, finished_before: float, *, dry_run: bool = False, batch: int = retention.BATCH
     ) -> retention.PruneResult:
-        """Delete runs that finished more than ``finished_before`` seconds ago, with their
+        """Delete runs that finished ``finished_before`` seconds ago or earlier, with their
         steps, attempts, intents, signals, dead letters, incidents and the blobs nothing
         else references, ``batch`` runs per short transaction; live runs are never touched.
         A failed run with a dead letter not yet replayed is kept (counted as ``kept``).

@@ -62,11 +62,11 @@ def outstanding_dead_letter() -> Any:
 
 
 def prunable(cutoff: float | ColumnElement[float]) -> Any:
-    """A ``fleet_runs`` row retention may delete: finished before ``cutoff`` (seconds on
+    """A ``fleet_runs`` row retention may delete: finished at or before ``cutoff`` (seconds on
     the store's clock), and not a failed run whose dead letter may still be replayed."""
     return and_(
         runs.c.status.in_([s.value for s in FINISHED]),
-        runs.c.finished_at < cutoff,
+        runs.c.finished_at <= cutoff,
         or_(runs.c.status != RunStatus.FAILED, not_(outstanding_dead_letter())),
     )
 
@@ -166,7 +166,7 @@ class PruneReads:
         with self.db.begin() as conn:
             stmt = select(func.count()).where(
                 runs.c.status == RunStatus.FAILED,
-                runs.c.finished_at < cutoff,
+                runs.c.finished_at <= cutoff,
                 outstanding_dead_letter(),
             )
             return int(conn.execute(stmt).scalar_one())

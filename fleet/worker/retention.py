@@ -65,7 +65,7 @@ class PruneResult:
 def prune(
     rt: Runtime, finished_before: float, *, dry_run: bool = False, batch: int = BATCH
 ) -> PruneResult:
-    """Delete runs finished more than ``finished_before`` seconds ago (on the store's
+    """Delete runs finished ``finished_before`` seconds ago or earlier (on the store's
     clock) and everything of theirs, then the blobs nothing references any more; with
     ``dry_run``, count them and delete nothing."""
     if not 0 <= finished_before < float("inf"):

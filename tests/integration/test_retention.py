@@ -175,6 +175,18 @@ def test_only_runs_finished_before_the_cutoff_go(client: Fleet, inline: InlineBr
     assert rows_of(client, old)["runs"] == [] and rows_of(client, recent)["runs"] != []
 
 
+def test_a_run_finished_at_the_cutoff_itself_goes(client: Fleet, inline: InlineBroker) -> None:
+    """``prune(0)`` right after a run finished: SQLite's clock counts in milliseconds, so
+    the cutoff can equal the run's finish time; "0 seconds ago or earlier" includes it."""
+    run_id = client.enqueue("chain", 1).id
+    inline.drain()
+    with client.runtime.db.begin() as conn:
+        finished_at = conn.execute(select(runs.c.finished_at).where(runs.c.id == run_id)).scalar()
+    assert finished_at is not None
+    assert PruneReads(client.runtime.db).prunable_runs(finished_at, "", 10) == [run_id]
+    assert client.runtime.ledger.prune_runs([run_id], finished_at)["runs"] == 1
+
+
 def test_a_run_that_changed_after_it_was_listed_is_not_deleted(
     client: Fleet, inline: InlineBroker
 ) -> None:
