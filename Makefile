@@ -24,3 +24,4 @@ bench: setup
 	$(PY) -m bench.waiting --reps $(REPS)
 	$(PY) -m bench.long_runs --reps $(REPS)
 	$(PY) -m bench.transcripts
+	$(PY) -m bench.fanout --items 10000

@@ -8,7 +8,8 @@ transitions allowed between them.
 waits and wakes (running ⇄ waiting), may stop for a person (needs_decision) and
 ends succeeded, failed or cancelled; a failed run comes back when one of its dead
 letters is replayed. A task step goes pending → running (a lease) → done, or into
-retry_wait, dead or in_doubt; wait steps (wait_for, sleep) go pending → done.
+retry_wait, dead or in_doubt; wait steps (wait_for, sleep) go pending → done; a child
+step (wf.child) goes pending → done or dead when its child run ends.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class StepKind(StrEnum):
     TASK = "task"  # executed by a worker
     VALUE = "value"  # recorded inline during replay: wf.now(), wf.random()
     WAIT = "wait"  # wf.wait_for() and wf.sleep(): settled by a signal or the sweeper
+    CHILD = "child"  # wf.child(), wf.start_child(): settled when the child run ends
 
 
 class AttemptOutcome(StrEnum):
@@ -134,7 +136,7 @@ TRANSITIONS: dict[str, Transition] = _table(
     _run("resume_run", (R.WAITING,), R.RUNNING, "a signal or a timer"),
     _run("succeed_run", (R.RUNNING,), R.SUCCEEDED, "the workflow returned"),
     _run("fail_run", (R.RUNNING,), R.FAILED, "it raised, or was not deterministic"),
-    _run("cancel_run", LIVE_RUN, R.CANCELLED, "fleet cancel"),
+    _run("cancel_run", LIVE_RUN, R.CANCELLED, "fleet cancel; its parent cancelled or ended"),
     _run("park_run_in_doubt", (R.RUNNING,), R.NEEDS_DECISION, "an effect in doubt"),
     _run("park_over_budget", (R.RUNNING,), R.NEEDS_DECISION, "spend reached its budget"),
     _run("resolve_run", (R.NEEDS_DECISION,), R.RUNNING, "fleet resolve"),
@@ -150,8 +152,10 @@ TRANSITIONS: dict[str, Transition] = _table(
     _step("resolve_done", (S.IN_DOUBT,), S.DONE, "fleet resolve with an output"),
     _step("resolve_retry", (S.IN_DOUBT,), S.PENDING, "fleet resolve --retry"),
     _step("replay_step", (S.DEAD,), S.PENDING, "its dead letter replayed"),
-    _step("revoke_lease", (S.RUNNING,), S.PENDING, "run cancelled: epoch+1"),
+    _step("revoke_lease", (S.RUNNING,), S.PENDING, "run cancelled or ended: epoch+1"),
     _step("deliver_signal", (S.PENDING,), S.DONE, "a wait_for given its signal"),
     _step("fire_due_wait", (S.PENDING,), S.DONE, "a wait's timeout or a sleep's end"),
+    _step("settle_child_done", (S.PENDING,), S.DONE, "its child run succeeded"),
+    _step("settle_child_dead", (S.PENDING,), S.DEAD, "its child run failed or was cancelled"),
 )
 del R, S  # short names for the table above only

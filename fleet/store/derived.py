@@ -7,8 +7,9 @@ anything: each runs only after the deciding statement in
 
 from __future__ import annotations
 
-from sqlalchemy import String, bindparam, exists, func, insert, select
+from sqlalchemy import Integer, String, bindparam, exists, func, insert, select
 from sqlalchemy import update as _update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from fleet.states import AttemptOutcome, IntentOutcome, StepKind
 from fleet.store.predicates import (
@@ -27,7 +28,7 @@ from fleet.store.predicates import (
     now,
     takeable,
 )
-from fleet.store.schema import attempts, dead_letters, incidents, intents, runs, steps
+from fleet.store.schema import attempts, dead_letters, fanouts, incidents, intents, runs, steps
 
 # Its takeable steps are re-sent by the sweeper after grace if the caller's send is lost.
 REDISPATCH_TAKEABLE = (
@@ -49,6 +50,34 @@ WAKE = (
 )
 # The same, handing back the updated run row (for a replay in the same transaction).
 WAKE_RETURNING = WAKE.returning(*runs.c)
+
+# --- a fan-out's settle count: the run is woken by its last branch to settle, not each --
+# One row per fan-out (wf.map, wf.parallel), written with its branches (no-op on conflict:
+# racing replays record the same fan-out).
+RECORD_FANOUT = {
+    name: dialect.insert(fanouts)
+    .values(
+        run_id=RUN,
+        fanout=bindparam("b_fanout", type_=Integer),
+        size=bindparam("b_size", type_=Integer),
+        settled=bindparam("b_settled", type_=Integer),
+    )
+    .on_conflict_do_nothing()
+    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
+}
+# The fan-out the step (b_run, b_step) is a branch of; NULL (no row matched): none.
+_STEP_FANOUT = select(steps.c.fanout).where(steps.c.run_id == RUN, steps.c.step_id == STEP)
+_BRANCH_OF = (fanouts.c.run_id == RUN, fanouts.c.fanout == _STEP_FANOUT.scalar_subquery())
+# A branch settled (done or dead). The row lock this takes serialises the fan-out's
+# branches settling at once (Postgres): exactly one of them sees ``settled == size``.
+SETTLE_BRANCH = (
+    _update(fanouts)
+    .where(*_BRANCH_OF)
+    .values(settled=fanouts.c.settled + 1)
+    .returning(fanouts.c.settled, fanouts.c.size)
+)
+# A branch goes back to not settled (its dead letter replayed: dead → pending).
+UNSETTLE_BRANCH = _update(fanouts).where(*_BRANCH_OF).values(settled=fanouts.c.settled - 1)
 
 # Zero rows: a later advance already recorded more (monotonic, so nothing is lost).
 MARK_ADVANCED = (

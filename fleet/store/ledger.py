@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import Executable
 
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
@@ -40,6 +41,7 @@ __all__ = [
     "Lease",
     "Ledger",
     "NewCompaction",
+    "NewChild",
     "NewMessage",
     "NewStep",
     "ReplayRefused",
@@ -57,6 +59,30 @@ class NewStep:
     max_attempts: int
     output: str | None = None
     delay: float | None = None  # wait steps: settle by themselves after this many seconds
+    # A branch of a fan-out (wf.map, wf.parallel): the seq of its first branch. The
+    # fan-out's settle count is recorded with its branches (fleet_fanouts).
+    fanout: int | None = None
+    child: NewChild | None = None  # a child step (wf.child): the run it starts
+
+
+@dataclass(frozen=True)
+class NewChild:
+    """The run a child step starts, inserted in the transaction that records the step
+    (so a replayed parent never starts a second one): its id is ``{parent}/{step id}``."""
+
+    run_id: str
+    workflow: str
+    version: str
+    pins: str
+    args: str
+    queue: str
+    budget_tokens: int | None = None
+    budget_cost: float | None = None
+    detached: bool = False
+
+
+# How many generations of children a run that ends cancels with it, at most.
+MAX_GENERATIONS = 64
 
 
 class Ledger(StepLedger):
@@ -76,7 +102,7 @@ class Ledger(StepLedger):
         budget_cost: float | None = None,
     ) -> bool:
         """Insert a queued run; False when ``run_id`` exists already (enqueue is idempotent)."""
-        params = {
+        params: dict[str, Any] = {
             "b_run": run_id,
             "b_workflow": workflow,
             "b_version": version,
@@ -86,6 +112,9 @@ class Ledger(StepLedger):
             "b_budget_tokens": budget_tokens,
             "b_budget_cost": budget_cost,
             "b_grace": self.grace,
+            "b_parent": None,
+            "b_parent_step": None,
+            "b_detached": False,
         }
         with self.db.begin(self.tx) as conn:
             created = conn.execute(sql.CREATE_RUN[conn.dialect.name], params).first()
@@ -99,12 +128,19 @@ class Ledger(StepLedger):
         self, run_id: str, status: RunStatus, *, result: str | None = None, error: str | None = None
     ) -> bool:
         """succeed_run | fail_run: running → succeeded | failed. False: a concurrent
-        advance finished it first, or it was cancelled meanwhile (both mean: nothing to do)."""
+        advance finished it first, or it was cancelled meanwhile (both mean: nothing to do).
+        A step still running when its run ends (a branch the workflow did not wait for)
+        has its lease revoked in the same transaction, as ``cancel_run`` does: its commit
+        is fenced and nothing of the run runs after it is over."""
         assert status in (RunStatus.SUCCEEDED, RunStatus.FAILED)
         stmt = sql.FINISH_RUN[status]
         with self.db.begin(self.tx) as conn:
             params = {"b_run": run_id, "b_output": result, "b_error": error}
-            return conn.execute(stmt, params).rowcount == 1
+            if conn.execute(stmt, params).rowcount != 1:
+                return False
+            conn.execute(sql.REVOKE_LEASES, {"b_run": run_id})
+            self._ended(conn, run_id, status, result if status is RunStatus.SUCCEEDED else error)
+            return True
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
         """cancel_run: any live state → cancelled. Leases of running steps are revoked in
@@ -116,7 +152,46 @@ class Ledger(StepLedger):
             if conn.execute(sql.CANCEL_RUN, params).rowcount != 1:
                 return False  # not live: finished (or cancelled) already
             conn.execute(sql.REVOKE_LEASES, {"b_run": run_id})
+            self._ended(conn, run_id, RunStatus.CANCELLED, reason)
             return True
+
+    def _ended(self, conn: Connection, run_id: str, status: RunStatus, text: str | None) -> None:
+        """What a run that has just ended owes its family, in its transaction: its
+        parent's child step takes its outcome (the parent is woken), and its live
+        children that are not detached are cancelled, theirs too, each settling its
+        parent's step: a run that ends leaves nothing of its own running."""
+        self._settle_parent(conn, run_id, status, text)
+        why = f"parent run {run_id} {'cancelled' if status is RunStatus.CANCELLED else 'ended'}"
+        generation = [run_id]
+        for _ in range(MAX_GENERATIONS):
+            generation = list(conn.execute(sql.LIVE_CHILDREN, {"b_ids": generation}).scalars())
+            if not generation:
+                return
+            for child in generation:
+                params = {"b_run": child, "b_error": f"cancelled: {why}"}
+                if conn.execute(sql.CANCEL_RUN, params).rowcount == 1:
+                    conn.execute(sql.REVOKE_LEASES, {"b_run": child})
+                    self._settle_parent(conn, child, RunStatus.CANCELLED, why)
+
+    def _settle_parent(
+        self, conn: Connection, run_id: str, status: RunStatus, text: str | None
+    ) -> None:
+        """A child run ended: settle_child_done (``text``: its result) or
+        settle_child_dead (``text``: its error, or why it was cancelled, then named) on
+        its parent's step; the parent is woken if that step was the last of its fan-out
+        to settle (or no branch)."""
+        parent = conn.execute(sql.PARENT_OF, {"b_run": run_id}).first()
+        if parent is None or parent.parent_id is None:
+            return
+        key = {"b_run": parent.parent_id, "b_step": parent.parent_step}
+        if status is RunStatus.SUCCEEDED:
+            settled = conn.execute(sql.SETTLE_CHILD_DONE, {**key, "b_output": text})
+        else:
+            line = (text or "no error recorded").partition("\n")[0][:2000]
+            why = f"child run {run_id} {status}: {line}"
+            settled = conn.execute(sql.SETTLE_CHILD_DEAD, {**key, "b_error": why})
+        if settled.rowcount == 1 and self._branch_settled(conn, *key.values()):
+            self._wake(conn, parent.parent_id)
 
     def set_waiting(self, run_id: str) -> bool:
         """set_waiting: running → waiting: the replay stopped at a wait, no worker held."""
@@ -157,7 +232,9 @@ class Ledger(StepLedger):
                 return False  # not in doubt: resolved already, or never was
             self._settle_intents(conn, run_id, step_id, settled)
             conn.execute(sql.RESOLVE_RUN, {"b_run": run_id})
-            self._wake(conn, run_id)
+            # Done: a branch wakes the run only as the last of its fan-out to settle.
+            if output is None or self._branch_settled(conn, run_id, step_id):
+                self._wake(conn, run_id)
             return True
 
     def park_over_budget(self, run_id: str) -> bool:
@@ -247,7 +324,8 @@ class Ledger(StepLedger):
         With ``advanced_seq``, this is the replay's last write: ``mark_advanced`` is done
         in the same transaction. ``messages`` the replay appended to its transcripts
         before reaching them, and the ``compactions`` those steps make, are inserted
-        first, the same way (positions are deterministic too)."""
+        first, the same way (positions are deterministic too). Branches of a fan-out
+        (``NewStep.fanout``) get its settle count, in the same transaction."""
         rows = [
             {
                 "b_run": run_id,
@@ -262,9 +340,11 @@ class Ledger(StepLedger):
                 "b_redispatch_in": self.grace if s.kind == StepKind.TASK else None,
                 "b_due_in": s.delay,
                 "b_finished_in": 0.0 if s.kind == StepKind.VALUE else None,
+                "b_fanout": s.fanout,
             }
             for s in new
         ]
+        fanouts = _fanouts(run_id, new)
         with self.db.begin(self.tx) as conn:
             dialect = conn.dialect.name
             if messages:
@@ -279,5 +359,45 @@ class Ledger(StepLedger):
             if rows:
                 # One prebuilt statement; several rows (a fan-out) go as one executemany.
                 conn.execute(sql.RECORD_STEP[conn.dialect.name], rows)
+            for s in new:
+                if s.child is not None:
+                    conn.execute(sql.CREATE_RUN[dialect], _child_params(run_id, s, self.grace))
+            if fanouts:
+                conn.execute(derived.RECORD_FANOUT[dialect], fanouts)
             if advanced_seq is not None:
                 conn.execute(derived.MARK_ADVANCED, {"b_run": run_id, "b_seq": advanced_seq})
+
+
+def _child_params(run_id: str, step: NewStep, grace: float) -> dict[str, Any]:
+    """The queued run a child step starts: its parent and that step named on it."""
+    child = step.child
+    assert child is not None
+    return {
+        "b_run": child.run_id,
+        "b_workflow": child.workflow,
+        "b_version": child.version,
+        "b_pins": child.pins,
+        "b_args": child.args,
+        "b_queue": child.queue,
+        "b_budget_tokens": child.budget_tokens,
+        "b_budget_cost": child.budget_cost,
+        "b_grace": grace,
+        "b_parent": run_id,
+        "b_parent_step": step.step_id,
+        "b_detached": child.detached,
+    }
+
+
+def _fanouts(run_id: str, new: Sequence[NewStep]) -> list[dict[str, Any]]:
+    """One settle count per fan-out among ``new``: its size, and how many of its
+    branches are recorded settled already (values are recorded done)."""
+    counts: dict[int, list[int]] = {}
+    for s in new:
+        if s.fanout is not None:
+            size_settled = counts.setdefault(s.fanout, [0, 0])
+            size_settled[0] += 1
+            size_settled[1] += s.kind == StepKind.VALUE
+    return [
+        {"b_run": run_id, "b_fanout": fanout, "b_size": size, "b_settled": settled}
+        for fanout, (size, settled) in counts.items()
+    ]

@@ -64,24 +64,35 @@ def run_is(run_id: Any, *statuses: RunStatus) -> Any:
     return exists().where(runs.c.id == run_id, runs.c.status.in_(list(statuses)))
 
 
+def tree(run_id: Any, name: str = "tree") -> Any:
+    """The ids of a run and of its descendants (its child runs, theirs…), found through
+    runs.parent_id; nested, so it can stand inside any statement's subquery."""
+    top = select(runs.c.id).where(runs.c.id == run_id).cte(name, recursive=True, nesting=True)
+    return top.union_all(select(runs.c.id).where(runs.c.parent_id == top.c.id))
+
+
 def spent_tokens(run_id: Any) -> Any:
+    ids = tree(run_id, "tree_tokens")
     return (
         select(func.coalesce(func.sum(attempts.c.input_tokens + attempts.c.output_tokens), 0))
-        .where(attempts.c.run_id == run_id)
+        .where(attempts.c.run_id.in_(select(ids.c.id)))
         .scalar_subquery()
     )
 
 
 def spent_cost(run_id: Any) -> Any:
+    ids = tree(run_id, "tree_cost")
     return (
         select(func.coalesce(func.sum(attempts.c.cost), 0.0))
-        .where(attempts.c.run_id == run_id)
+        .where(attempts.c.run_id.in_(select(ids.c.id)))
         .scalar_subquery()
     )
 
 
 def within_budget(run_id: Any) -> Any:
-    """The run's recorded spend (every attempt's) is below each limit it has."""
+    """The spend recorded by the run's tree (every attempt of it and of its child runs,
+    theirs too) is below each limit the run has. A child's own limits were capped at
+    its start by what its parent had left (fleet/worker/children.py)."""
     return exists().where(
         runs.c.id == run_id,
         or_(runs.c.budget_tokens.is_(None), spent_tokens(run_id) < runs.c.budget_tokens),

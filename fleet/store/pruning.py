@@ -29,6 +29,7 @@ from fleet.store.schema import (
     blobs,
     compactions,
     dead_letters,
+    fanouts,
     incidents,
     intents,
     messages,
@@ -42,7 +43,17 @@ BLOB_PREFIX = "blob:"  # fleet.payloads.BLOB: how a row references a stored blob
 
 # The tables whose rows belong to a run (deleted with it), children before the run row
 # (fleet_steps has a foreign key to fleet_runs). Each is found by an index on run_id.
-CHILDREN = (attempts, intents, signals, dead_letters, incidents, messages, compactions, steps)
+CHILDREN = (
+    attempts,
+    intents,
+    signals,
+    dead_letters,
+    incidents,
+    messages,
+    compactions,
+    fanouts,
+    steps,
+)
 
 # Every column that may hold a ``blob:<sha256>`` reference, with its run id column.
 BLOB_COLUMNS = (

@@ -15,7 +15,7 @@ from fleet.store import messages as transcripts
 from fleet.store.engine import Database, Transaction, after_commit, db_now
 from fleet.store.history import HistoryCache
 from fleet.store.message_cache import Recorded
-from fleet.store.predicates import RUN, SEQ, STEP, step_is
+from fleet.store.predicates import RUN, SEQ, STEP, step_is, tree
 from fleet.store.rows import (
     AttemptRow,
     DeadLetterRow,
@@ -163,10 +163,27 @@ class Queries:
         with self.db.begin(self.tx) as conn:
             return read_snapshot(conn, run_id, self.db.history)
 
-    def runs(self, status: str | None = None, limit: int = 100) -> list[RunRow]:
+    def runs(
+        self, status: str | None = None, limit: int = 100, children: bool = True
+    ) -> list[RunRow]:
+        """Runs, newest first; without ``children``, only runs that have no parent."""
         stmt = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
         if status:
             stmt = stmt.where(runs.c.status == status)
+        if not children:
+            stmt = stmt.where(runs.c.parent_id.is_(None))
+        with self.db.begin(self.tx) as conn:
+            return [RunRow.from_row(row) for row in conn.execute(stmt)]
+
+    def descendants(self, run_id: str, limit: int = 1000) -> list[RunRow]:
+        """The run's child runs, theirs too (at most ``limit``), oldest first."""
+        ids = select(tree(run_id).c.id)
+        stmt = (
+            select(runs)
+            .where(runs.c.id.in_(ids), runs.c.id != run_id)
+            .order_by(runs.c.created_at, runs.c.id)
+            .limit(limit)
+        )
         with self.db.begin(self.tx) as conn:
             return [RunRow.from_row(row) for row in conn.execute(stmt)]
 
@@ -201,6 +218,8 @@ class Queries:
             return [AttemptRow.from_row(row) for row in conn.execute(stmt)]
 
     def usage(self, run_id: str) -> dict[str, Any]:
+        """Calls, tokens and cost of the run's tree: its attempts and those of its child
+        runs, theirs too (a subagent's spend is its parent's)."""
         with self.db.begin(self.tx) as conn:
             row = conn.execute(
                 select(
@@ -208,7 +227,7 @@ class Queries:
                     func.coalesce(func.sum(attempts.c.input_tokens), 0),
                     func.coalesce(func.sum(attempts.c.output_tokens), 0),
                     func.coalesce(func.sum(attempts.c.cost), 0.0),
-                ).where(attempts.c.run_id == run_id)
+                ).where(attempts.c.run_id.in_(select(tree(run_id).c.id)))
             ).one()
         calls, tin, tout, cost = row
         return {

@@ -43,6 +43,9 @@ class RunRow:
     budget_tokens: int | None
     budget_cost: float | None
     decision: Decision | None
+    parent_id: str | None
+    parent_step: str | None
+    detached: bool
 
     @classmethod
     def from_row(cls, row: Any) -> RunRow:
@@ -75,6 +78,7 @@ class StepRow:
     dispatches: int
     created_at: float
     finished_at: float | None
+    fanout: int | None
 
     @classmethod
     def from_row(cls, row: Any) -> StepRow:

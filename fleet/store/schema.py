@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Float,
@@ -38,6 +39,8 @@ class Run(SQLModel, table=True):
         Index("ix_runs_status", "status"),
         # Retention lists finished runs by age (fleet prune, FLEET_RETENTION).
         Index("ix_runs_status_finished", "status", "finished_at"),
+        # A run's children: cancelled with it, rolled up into its spend, shown as a tree.
+        Index("ix_runs_parent", "parent_id"),
     )
 
     id: str = Field(primary_key=True, max_length=200)
@@ -64,6 +67,11 @@ class Run(SQLModel, table=True):
     budget_cost: float | None = Field(default=None, sa_column=Column(Float))
     # Why a run in needs_decision waits: "effect" (an effect in doubt) or "budget".
     decision: str | None = Field(default=None, max_length=20)
+    # A child run (wf.child, wf.start_child): its parent run and the parent's step that
+    # waits for it. ``detached``: it outlives its parent (not cancelled when it ends).
+    parent_id: str | None = Field(default=None, max_length=200)
+    parent_step: str | None = Field(default=None, max_length=300)
+    detached: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, default=False))
 
 
 class Step(SQLModel, table=True):
@@ -95,6 +103,9 @@ class Step(SQLModel, table=True):
     dispatches: int = 0
     created_at: float = Field(sa_column=Column(Float, nullable=False))
     finished_at: float | None = Field(default=None, sa_column=Column(Float))
+    # The fan-out (wf.map, wf.parallel) this step is a branch of: the seq of its first
+    # branch, a key into fleet_fanouts (None: not a branch).
+    fanout: int | None = None
 
 
 class StepAttempt(SQLModel, table=True):
@@ -252,6 +263,19 @@ class Compaction(SQLModel, table=True):
     created_at: float = Field(sa_column=Column(Float, nullable=False))
 
 
+class Fanout(SQLModel, table=True):
+    """A fan-out's branches (wf.map, wf.parallel), recorded together: ``size`` of them,
+    ``settled`` of which are done or dead. A branch that settles before the last does
+    not replay the run; the last one does."""
+
+    __tablename__ = "fleet_fanouts"
+
+    run_id: str = Field(primary_key=True, max_length=200)
+    fanout: int = Field(primary_key=True)
+    size: int
+    settled: int = 0
+
+
 runs = Run.__table__  # type: ignore[attr-defined]
 steps = Step.__table__  # type: ignore[attr-defined]
 attempts = StepAttempt.__table__  # type: ignore[attr-defined]
@@ -263,3 +287,4 @@ blobs = Blob.__table__  # type: ignore[attr-defined]
 dead_messages = DeadMessage.__table__  # type: ignore[attr-defined]
 messages = Message.__table__  # type: ignore[attr-defined]
 compactions = Compaction.__table__  # type: ignore[attr-defined]
+fanouts = Fanout.__table__  # type: ignore[attr-defined]

@@ -61,13 +61,29 @@ class Lease:
 @dataclass(frozen=True)
 class Committed:
     """What ``commit_output`` did: true when the output was recorded (false: fenced).
-    ``snapshot``, when asked for, is the run as the same transaction left it."""
+    ``snapshot``, when asked for, is the run as the same transaction left it.
+    ``replay`` false: the step is a branch of a fan-out whose siblings have not all
+    settled, so the run was not woken and is not to be replayed (no snapshot read)."""
 
     applied: bool
     snapshot: Snapshot | None = None
+    replay: bool = True
 
     def __bool__(self) -> bool:
         return self.applied
+
+
+class LetterId(int):
+    """A dead letter's id, as ``dead_letter`` returns it, with whether the run was woken
+    with it (``replay``; false: a branch of a fan-out whose siblings have not all
+    settled, so nothing is to be replayed yet)."""
+
+    replay: bool
+
+    def __new__(cls, letter_id: int, replay: bool) -> LetterId:
+        made = super().__new__(cls, letter_id)
+        made.replay = replay
+        return made
 
 
 def _key(run_id: str, step_id: str, epoch: int) -> dict[str, Any]:
@@ -170,7 +186,8 @@ class StepLedger(Upkeep):
         counted, never applied. ``effect``: the step is an effect, whose intents settle
         with the commit (no other step writes intents). With ``snapshot``, an applied
         commit also reads the run and its history for the replay that follows (one
-        transaction instead of two)."""
+        transaction instead of two). A branch of a fan-out wakes the run only if it is
+        the last to settle (``Committed.replay``)."""
         with self.db.begin(self.tx) as conn:
             key = _key(run_id, step_id, epoch)
             fenced = conn.execute(sql.COMMIT, {**key, "b_output": output}).rowcount != 1
@@ -185,6 +202,8 @@ class StepLedger(Upkeep):
                 self._settle_intents(conn, run_id, step_id, IntentOutcome.DONE, epoch=epoch)
             if earlier_intents is not None:
                 self._settle_intents(conn, run_id, step_id, earlier_intents, before=epoch)
+            if not self._branch_settled(conn, run_id, step_id):
+                return Committed(True, replay=False)  # siblings unsettled: no wake-up
             if not snapshot:
                 self._wake(conn, run_id)
                 return Committed(True)
@@ -225,12 +244,13 @@ class StepLedger(Upkeep):
         error_type: str,
         error_message: str,
         traceback: str | None,
-    ) -> int | None:
+    ) -> LetterId | None:
         """dead_letter: running → dead (``epoch`` held), or dead_letter_exhausted, with
         ``epoch=None``: a step whose cap was spent by attempts that crashed, pending |
         due retry | expired running → dead. The dead letter and the run's wake-up commit
-        with it. Returns the dead letter's id; None when fenced (``epoch`` given) or
-        raced (another writer settled the step first)."""
+        with it (no wake-up for a branch whose siblings have not all settled). Returns
+        the dead letter's id; None when fenced (``epoch`` given) or raced (another
+        writer settled the step first)."""
         error = f"{error_type}: {error_message}"
         key = {"b_run": run_id, "b_step": step_id}
         with self.db.begin(self.tx) as conn:
@@ -258,13 +278,16 @@ class StepLedger(Upkeep):
                 "b_attempt": row.attempts,
             }
             letter_id = conn.execute(derived.FILE_DEAD_LETTER, letter).scalar_one()
-            self._wake(conn, run_id)
-            return int(letter_id)
+            wake = self._branch_settled(conn, run_id, step_id)
+            if wake:
+                self._wake(conn, run_id)
+            return LetterId(letter_id, replay=wake)
 
     def replay_dead_letter(self, letter_id: int, new_input: str | None) -> ReplayRefused | None:
         """replay_step and replay_run: the letter is marked (kept, not deleted), the step
         goes dead → pending with a fresh attempt budget (its epoch keeps counting up, so
-        no old lease can match again), and a failed run goes back to running. None on
+        no old lease can match again; a branch is uncounted from its fan-out's settled),
+        and a failed run goes back to running. None on
         success; otherwise why not, with nothing written.
 
         The first statement decides, re-checking the step and the run inside its WHERE
@@ -277,6 +300,7 @@ class StepLedger(Upkeep):
             run_id, step_id = letter
             step = {"b_run": run_id, "b_step": step_id, "b_input": new_input}
             conn.execute(sql.REPLAY_STEP, {**step, "b_grace": self.grace})
+            self._branch_unsettled(conn, run_id, step_id)
             conn.execute(sql.REPLAY_RUN, {"b_run": run_id})
             return None
 

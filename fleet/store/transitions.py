@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Float,
     Integer,
     String,
@@ -87,6 +88,9 @@ def _create_run(dialect: Any) -> Any:
             status=RunStatus.QUEUED,
             budget_tokens=bindparam("b_budget_tokens", type_=BigInteger),
             budget_cost=bindparam("b_budget_cost", type_=Float),
+            parent_id=bindparam("b_parent", type_=String),
+            parent_step=bindparam("b_parent_step", type_=String),
+            detached=bindparam("b_detached", type_=Boolean),
             wake_seq=1,
             advanced_seq=0,
             dispatches=0,
@@ -175,6 +179,7 @@ def _record_step(dialect: Any) -> Any:
             redispatch_at=now() + bindparam("b_redispatch_in", type_=Float),
             due_at=now() + bindparam("b_due_in", type_=Float),
             finished_at=now() + bindparam("b_finished_in", type_=Float),
+            fanout=bindparam("b_fanout", type_=Integer),
         )
         .on_conflict_do_nothing()
     )
@@ -378,3 +383,22 @@ FIRE_DUE_WAIT = (
     .values(output="null", finished_at=now())
 )
 RUN_QUEUE = select(runs.c.queue, runs.c.workflow).where(runs.c.id == RUN)
+
+
+# --- settle_child_done | settle_child_dead: a child step pending → done | dead ---------
+# In the transaction that ends its child run (succeed_run, fail_run, cancel_run): the
+# parent's step, named by the child's parent_id and parent_step, takes its outcome.
+PARENT_OF = select(runs.c.parent_id, runs.c.parent_step).where(runs.c.id == RUN)
+_CHILD_STEP = (step_is(RUN, STEP), steps.c.kind == StepKind.CHILD)
+SETTLE_CHILD_DONE = (
+    _move("settle_child_done").where(*_CHILD_STEP).values(output=OUTPUT, finished_at=now())
+)
+SETTLE_CHILD_DEAD = (
+    _move("settle_child_dead").where(*_CHILD_STEP).values(error=ERROR, finished_at=now())
+)
+# A run's live children that end with it (detached ones outlive it), by runs.parent_id.
+LIVE_CHILDREN = select(runs.c.id).where(
+    runs.c.parent_id.in_(bindparam("b_ids", expanding=True)),
+    runs.c.detached.is_(False),
+    runs.c.status.in_(_LIVE_RUN),
+)

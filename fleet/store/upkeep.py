@@ -162,6 +162,21 @@ class LedgerBase:
         conn.execute(derived.WAKE, {"b_run": run_id, "b_grace": self.grace})
 
     @staticmethod
+    def _branch_settled(conn: Connection, run_id: str, step_id: str) -> bool:
+        """Count a step that has just settled (done or dead) in its fan-out. True: the
+        run is to be woken, as the step is no branch, or the last of its fan-out to
+        settle; False: siblings are still unsettled, and a replay would only stop at
+        them again (so a fan-out of N costs one replay, not N). Every transition into
+        done or dead of a step that can be a branch calls it, in its transaction."""
+        row = conn.execute(derived.SETTLE_BRANCH, {"b_run": run_id, "b_step": step_id}).first()
+        return row is None or row.settled >= row.size
+
+    @staticmethod
+    def _branch_unsettled(conn: Connection, run_id: str, step_id: str) -> None:
+        """The step left done or dead again (a dead letter replayed): uncount it."""
+        conn.execute(derived.UNSETTLE_BRANCH, {"b_run": run_id, "b_step": step_id})
+
+    @staticmethod
     def _close_attempt(
         conn: Connection,
         run_id: str,

@@ -1,5 +1,6 @@
 """One attempt of one step: take the lease, run the body under a heartbeat, commit the
-output under the epoch held, and replay the run.
+output under the epoch held, and replay the run (a branch of a fan-out: only the last
+of its branches to settle replays it).
 
 Every decision here is made by a conditional write in the ledger; this module only
 sequences them and talks to the user's step function. The commit and the replay after
@@ -152,8 +153,9 @@ def commit(att: Attempt, out: Output, claim: Claim[T] | None = None) -> T | None
         with rt.db.transaction() as tx:
             bound = rt.within(tx)
             done = _commit_output(bound, att, out)
-            # Fenced (not done): the attempt's outcome and the incident still commit.
-            replayed = replay_run(bound, att.run_id, done.snapshot) if done else None
+            # Fenced (not done): the attempt's outcome and the incident still commit. A
+            # branch whose siblings have not all settled does not replay (not replay).
+            replayed = replay_run(bound, att.run_id, done.snapshot) if _replays(done) else None
             kept = _claimed(bound, replayed, claim)
     except CommitUnknown:
         raise  # it may have applied: the store decides when the lease expires
@@ -181,8 +183,14 @@ def _commit_alone(att: Attempt, out: Output, claim: Claim[T] | None) -> T | None
     if not done:
         _log_fenced(att.lease)
         return None
-    replayed = replay_here(rt, att.run_id, done.snapshot)
+    replayed = replay_here(rt, att.run_id, done.snapshot) if _replays(done) else None
     return _sent(rt, _claimed(rt, replayed, claim))
+
+
+def _replays(done: Committed) -> bool:
+    """The commit applied and woke the run: not fenced, and not a branch of a fan-out
+    whose siblings have not all settled (its last branch replays the run, once)."""
+    return done.applied and done.replay
 
 
 def _claimed(

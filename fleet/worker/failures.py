@@ -4,8 +4,9 @@ A failed attempt is retried by its step's policy (exponential backoff with full
 jitter, a durable attempt cap; a non-retryable error skips the retries): soon ones as
 a countdown message, later ones kept in the store for the sweeper. When the cap trips
 the step is dead-lettered with its input, error and traceback, the ``on_dead_letter``
-hooks are told, and the run is replayed at once so that a sibling branch goes on. A
-delivery whose lease was refused is routed here too, by why it was refused.
+hooks are told, and the run is replayed at once (unless the step is a branch of a
+fan-out whose siblings have not all settled: the last of them replays it). A delivery
+whose lease was refused is routed here too, by why it was refused.
 """
 
 from __future__ import annotations
@@ -178,6 +179,8 @@ def dead_letter(rt: Runtime, run: RunRow, step_id: str, failure: Failure) -> Non
                 hook(info)
             except Exception:
                 log.exception("on_dead_letter hook %r failed for dead letter %d", hook, letter_id)
+    if not letter_id.replay:
+        return  # a branch whose siblings have not all settled: the last one replays
     replayed = replay_here(rt, run.id)
     if replayed is not None:
         replayed.send(rt)

@@ -49,6 +49,7 @@ class PruneResult:
     incidents: int = 0
     messages: int = 0
     compactions: int = 0
+    fanouts: int = 0
     blobs: int = 0
     kept: int = 0
     dry_run: bool = False

@@ -20,6 +20,7 @@ from fleet.store.schema import (
     blobs,
     compactions,
     dead_letters,
+    fanouts,
     incidents,
     intents,
     messages,
@@ -42,6 +43,7 @@ RUN_ROWS = {
     "incidents": incidents.c.run_id,
     "messages": messages.c.run_id,
     "compactions": compactions.c.run_id,
+    "fanouts": fanouts.c.run_id,
 }
 BIG = 300_000  # over the 256 KiB inline limit: stored as a blob
 
@@ -94,6 +96,7 @@ def every_kind(
     monkeypatch.setenv("FLEET_TEST_PROVIDER", str(backend.provider_path))
     made: dict[str, str] = {}
     made["gone:succeeded"] = client.enqueue("chain", 2).id
+    made["gone:fan-out"] = client.enqueue("fan", 2).id
     made["gone:effect"] = client.enqueue("notify", "idempotent", "hello").id
     made["gone:caught-dead-letter"] = client.enqueue("guarded").id
     made["stays:failed-dead-letter"] = client.enqueue("refusing").id
@@ -114,6 +117,7 @@ def every_kind(
     statuses = {k: client.run(v).status() for k, v in made.items()}
     assert statuses == {
         "gone:succeeded": "succeeded",
+        "gone:fan-out": "succeeded",
         "gone:effect": "succeeded",
         "gone:caught-dead-letter": "succeeded",
         "gone:signalled": "succeeded",
@@ -162,7 +166,7 @@ def test_a_dry_run_counts_what_would_go_and_deletes_nothing(
     store = everything(client)
     dry = client.prune(0, dry_run=True, batch=3)
     assert everything(client) == store, "a dry run deleted something"
-    assert dry.dry_run and dry.runs == 6 and dry.kept == 1
+    assert dry.dry_run and dry.runs == 7 and dry.kept == 1
     real = client.prune(0, batch=3)
     assert dry.counts() == real.counts()
 

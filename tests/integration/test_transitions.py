@@ -15,7 +15,7 @@ from sqlalchemy import select, update
 from fleet import Fleet
 from fleet.states import TRANSITIONS, RunStatus, StepKind, StepStatus
 from fleet.store import transitions as sql
-from fleet.store.ledger import Committed, Lease, NewStep, ReplayRefused, TakeRefused
+from fleet.store.ledger import Committed, Lease, NewChild, NewStep, ReplayRefused, TakeRefused
 from fleet.store.schema import runs, signals, steps
 
 STEP = "work#1"
@@ -377,6 +377,59 @@ def test_fire_due_wait(client: Fleet) -> None:
     assert ledger.fire_due_waits() == [("r1", "q")]
     wait = _step_row(client, "wait#1")
     assert (wait.status, wait.output) == (StepStatus.DONE, "null")
+
+
+def _children(client: Fleet, *names: str) -> None:
+    """``r1`` running, with one pending child step per name and its queued child run."""
+    _run(client)
+    call = '{"args":[1],"kwargs":{}}'
+    new = [
+        NewStep(
+            name,
+            i,
+            "chain",
+            StepKind.CHILD,
+            call,
+            1,
+            child=NewChild(f"r1/{name}", "chain", "1", "{}", call, "q"),
+        )
+        for i, name in enumerate(names, 1)
+    ]
+    client.runtime.ledger.record_steps("r1", new)
+    for name in names:
+        assert client.runtime.ledger.start_run(f"r1/{name}")
+
+
+def test_settle_child_done(client: Fleet) -> None:
+    _children(client, "a", "b")
+    ledger = client.runtime.ledger
+    child = client.runtime.queries.run("r1/a")
+    assert child is not None and (child.parent_id, child.parent_step) == ("r1", "a")
+    woken = _run_row(client).wake_seq
+    assert ledger.finish_run("r1/a", RunStatus.SUCCEEDED, result="49")
+    step = _step_row(client, "a")
+    assert (step.status, step.output) == (StepStatus.DONE, "49")
+    assert _run_row(client).wake_seq == woken + 1, "the parent is woken"
+    _force(client, steps, step_id="b", status=StepStatus.DEAD, error="gone")
+    assert ledger.finish_run("r1/b", RunStatus.SUCCEEDED, result="1")
+    step = _step_row(client, "b")
+    assert (step.status, step.output) == (StepStatus.DEAD, None), "dead is not pending"
+    assert _run_row(client).wake_seq == woken + 1
+
+
+def test_settle_child_dead(client: Fleet) -> None:
+    _children(client, "a", "b", "c")
+    ledger = client.runtime.ledger
+    assert ledger.finish_run("r1/a", RunStatus.FAILED, error="StepFailed: boom\ntraceback")
+    step = _step_row(client, "a")
+    assert (step.status, step.error) == (StepStatus.DEAD, "child run r1/a failed: StepFailed: boom")
+    assert ledger.cancel_run("r1/b", "not needed")
+    step = _step_row(client, "b")
+    assert (step.status, step.error) == (StepStatus.DEAD, "child run r1/b cancelled: not needed")
+    _force(client, steps, step_id="c", status=StepStatus.DONE, output="1")
+    assert ledger.cancel_run("r1/c", "late")
+    step = _step_row(client, "c")
+    assert (step.status, step.error) == (StepStatus.DONE, None), "done is not pending"
 
 
 def test_every_transition_has_its_test() -> None:

@@ -1,0 +1,140 @@
+"""Fan-outs scale linearly (issue 16): a branch that settles before the last of its
+fan-out neither wakes nor replays the run; the last one does, exactly once, however
+the branches settle (done, dead, a dead letter replayed) and however many commit at
+once. Replays are counted by the workflow itself (``tests/flows.py::counted_fan``)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+
+from fleet import Fleet
+from fleet.store.schema import fanouts, runs
+from tests.harness import Backend, InlineBroker, executions, poll
+
+N = 50
+
+
+def replays(backend: Backend, run_id: str) -> int:
+    return sum(1 for e in executions(backend, run_id) if e["event"] == "replay")
+
+
+def fanout_row(client: Fleet, run_id: str) -> tuple[int, int]:
+    """(settled, size) of the run's one fan-out."""
+    with client.runtime.db.begin() as conn:
+        (row,) = conn.execute(
+            select(fanouts.c.settled, fanouts.c.size).where(fanouts.c.run_id == run_id)
+        ).all()
+        return int(row.settled), int(row.size)
+
+
+def test_a_map_replays_its_run_once_not_once_per_branch(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    run = client.enqueue("counted_fan", N, [])
+    inline.drain(limit=10 * N)
+    assert run.wait(timeout=5) == list(range(N))
+    # One replay records the branches, one (the last branch's) gathers them: not 1 + N.
+    assert replays(backend, run.id) == 2
+    assert fanout_row(client, run.id) == (N, N)
+
+
+def test_a_branch_that_is_not_the_last_does_not_wake_the_run(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    run = client.enqueue("counted_fan", 3, [])
+    inline.step()  # the advance: three branches recorded
+    assert [task for task, _ in inline.sent] == ["fleet.execute"] * 3
+
+    def wake_seq() -> int:
+        with client.runtime.db.begin() as conn:
+            return int(conn.execute(select(runs.c.wake_seq).where(runs.c.id == run.id)).scalar())
+
+    before = wake_seq()
+    inline.step()
+    inline.step()
+    assert wake_seq() == before and fanout_row(client, run.id) == (2, 3)
+    assert inline.sent == [("fleet.execute", [run.id, "tally#3"])], "nothing but the last branch"
+    inline.step()
+    assert wake_seq() == before + 1
+    assert run.wait(timeout=5) == [0, 1, 2]
+
+
+def test_dead_branches_among_the_map_lead_to_exactly_one_replay(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    run = client.enqueue("counted_fan", 20, [3, 7])
+    inline.drain(limit=200)
+    out = run.wait(timeout=5)
+    assert out[3] == "dead tally#4" and out[7] == "dead tally#8" and out[0] == 0
+    assert replays(backend, run.id) == 2
+    assert fanout_row(client, run.id) == (20, 20)
+
+
+def test_a_replayed_dead_letter_is_uncounted_then_counted_again(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    run = client.enqueue("counted_fan", 5, [2], False)
+    inline.drain(limit=50)
+    assert run.status() == "failed" and fanout_row(client, run.id) == (5, 5)
+    assert replays(backend, run.id) == 2
+    (letter,) = client.dead_letters(run.id)
+    client.replay(letter.id, [[2, []]])  # good input this time
+    assert fanout_row(client, run.id) == (4, 5), "the replayed branch is not settled"
+    inline.drain(limit=50)
+    assert run.wait(timeout=5) == [0, 1, 2, 3, 4]
+    assert fanout_row(client, run.id) == (5, 5)
+    assert replays(backend, run.id) == 3, "once more, by the replayed branch: the last"
+
+
+def test_the_last_two_branches_committing_at_once_replay_exactly_once(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """Two transactions commit the last two branches: the first holds the fan-out's row
+    (and has not committed) while the second's commit waits on it; exactly one of them
+    is told to replay, and it sees both branches done."""
+    if backend.kind != "postgres":
+        pytest.skip("SQLite takes its write lock up front: no two commits overlap")
+    run = client.enqueue("counted_fan", 2, [])
+    inline.step()
+    ledger, db = client.runtime.ledger, client.runtime.db
+    leases = {s: ledger.take_lease(run.id, s, "w", 30) for s in ("tally#1", "tally#2")}
+    epochs: dict[str, int] = {s: lease.epoch for s, lease in leases.items()}  # type: ignore[union-attr]
+    first_holds, outcomes = threading.Event(), {}
+    release = threading.Event()
+
+    def commit(step_id: str, hold: bool) -> None:
+        with db.transaction() as tx:
+            done = ledger.within(tx).commit_output(
+                run.id, step_id, epochs[step_id], "1", effect=False, snapshot=True
+            )
+            outcomes[step_id] = done
+            if hold:
+                first_holds.set()
+                release.wait(30)
+
+    first = threading.Thread(target=commit, args=("tally#1", True))
+    first.start()
+    assert first_holds.wait(30)
+    second = threading.Thread(target=commit, args=("tally#2", False))
+    second.start()
+
+    def second_waits_on_a_lock() -> bool:
+        with db.begin() as conn:
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            return int(conn.execute(text(waiting)).scalar_one()) > 0
+
+    poll(second_waits_on_a_lock, 10, "the second commit to wait on the fan-out's row")
+    release.set()
+    first.join(30)
+    second.join(30)
+    replaying: list[Any] = [s for s, done in outcomes.items() if done.applied and done.replay]
+    assert replaying == ["tally#2"]
+    assert outcomes["tally#1"].snapshot is None
+    snapshot = outcomes["tally#2"].snapshot
+    assert snapshot is not None
+    assert [row.status for row in snapshot.history] == ["done", "done"]
+    assert fanout_row(client, run.id) == (2, 2)
