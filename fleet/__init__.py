@@ -5,6 +5,7 @@ from fleet.app import Fleet, RunHandle
 from fleet.config import Settings
 from fleet.errors import (
     BadInput,
+    ChildFailed,
     FleetError,
     NonDeterminism,
     NonRetryable,
@@ -25,6 +26,7 @@ from fleet.worker.workflow import WorkflowContext
 
 __all__ = [
     "BadInput",
+    "ChildFailed",
     "DeadLetterInfo",
     "Fleet",
     "FleetError",

@@ -262,9 +262,16 @@ class Fleet:
 
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
         """Cancel a live run: no new step starts, a running step's lease is revoked (its
-        commit is fenced), a waiting run stops waiting. False if it had already ended."""
-        self.run(run_id)
-        return self.runtime.ledger.cancel_run(run_id, reason)
+        commit is fenced), a waiting run stops waiting. Its live children are cancelled
+        with it (not those started ``detached``); a child cancelled on its own fails its
+        parent's ``wf.child`` with ``ChildFailed``. False if it had already ended."""
+        row = self.run(run_id)._row()
+        if not self.runtime.ledger.cancel_run(run_id, reason):
+            return False
+        parent = row.parent_id and self.runtime.queries.run(row.parent_id)
+        if parent:  # its child step is settled: the parent goes on
+            self.runtime.dispatcher.advance(parent.id, parent.queue)
+        return True
 
     def resolve(self, run_id: str, step_id: str, output: Any = _UNSET, retry: bool = False) -> None:
         """Settle an in-doubt effect of a run in ``needs_decision``: ``output=...`` says it

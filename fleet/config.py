@@ -29,6 +29,17 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _count(env: Mapping[str, str], name: str, default: int) -> int:
+    """A positive whole number (``10000``, not ``1e4`` or ``10.5``)."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise BadInput(f"{name}={raw!r} must be a whole number of 1 or more")
+    return int(text)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything fleet reads from the environment, in one place.
@@ -59,6 +70,10 @@ class Settings:
     # FLEET_RETENTION (``30d``): the sweeper prunes runs finished longer ago than this many
     # seconds (see fleet/retention.py). None: every run is kept forever.
     retention: float | None = None
+    # The most branches one wf.map / wf.parallel may start, and steps one run may record:
+    # past either the run fails with one line naming the limit (LimitExceeded).
+    max_fanout: int = 10_000
+    max_steps: int = 100_000
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -78,6 +93,8 @@ class Settings:
             shutdown_grace=_float(env, "FLEET_SHUTDOWN_GRACE", cls.shutdown_grace),
             inline_steps=int(_float(env, "FLEET_INLINE_STEPS", cls.inline_steps)),
             retention=env_duration(env, "FLEET_RETENTION"),
+            max_fanout=_count(env, "FLEET_MAX_FANOUT", cls.max_fanout),
+            max_steps=_count(env, "FLEET_MAX_STEPS", cls.max_steps),
         )
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 

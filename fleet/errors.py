@@ -57,6 +57,15 @@ class StepFailed(FleetError):
         self.attempts = attempts
 
 
+class ChildFailed(StepFailed):
+    """Raised inside a workflow where a child run (``wf.child``, ``ChildHandle.result``)
+    that failed or was cancelled is awaited: ``error`` names the child run and why."""
+
+    def __init__(self, step_id: str, error: str, attempts: int = 0) -> None:
+        super().__init__(step_id, error, attempts)
+        self.args = (f"child {step_id} failed: {error}",)
+
+
 class RunFailed(FleetError):
     """Raised by ``RunHandle.wait`` when the run ended without a result."""
 
@@ -69,3 +78,21 @@ class RunFailed(FleetError):
 
 class WaitTimeout(FleetError, TimeoutError):
     """``RunHandle.wait`` ran out of time; the run goes on."""
+
+
+class BranchesFailed(StepFailed):
+    """Raised by ``wf.map`` / ``wf.parallel`` when more than one branch is dead, once every
+    branch has settled: it names them all; ``failures`` holds each branch's own
+    ``StepFailed`` (or ``ChildFailed``), the first is also its ``__cause__``."""
+
+    def __init__(self, failures: list[StepFailed]) -> None:
+        first = failures[0]
+        super().__init__(first.step_id, first.error, first.attempts)
+        self.failures = failures
+        names = ", ".join(f.step_id for f in failures)
+        self.args = (f"{len(failures)} branches failed ({names}); the first: {first}",)
+
+
+class LimitExceeded(BadInput):
+    """A run asked for more than a fleet-wide limit allows (``FLEET_MAX_FANOUT`` branches
+    in one fan-out, ``FLEET_MAX_STEPS`` steps in one run): the run fails with one line."""

@@ -161,14 +161,32 @@ def summarize(ctx: StepContext, messages: Any) -> list[dict[str, Any]]:
 # --- the agent ----------------------------------------------------------------------------
 
 
-def run_tool(wf: WorkflowContext, call: dict[str, Any]) -> str:
-    """One tool call, as a step keyed by its id; a destructive one waits for approval."""
-    name, args = call["function"]["name"], json.loads(call["function"]["arguments"])
-    if name in DESTRUCTIVE:
-        ok = wf.wait_for("approval", timeout=timedelta(days=3))
-        if not (ok and ok.get("approved")):
-            return json.dumps({"refused": args.get("name"), "by": (ok or {}).get("by")})
-    return str(wf.step(TOOLS[name], **args, key=call["id"]))
+def run_tools(wf: WorkflowContext, calls: list[dict[str, Any]]) -> list[str]:
+    """A turn's tool calls, results in the calls' order, each a step keyed by its call
+    id. The safe ones run at once (``wf.parallel``: a model that asks for three reads
+    waits for the slowest, not for their sum); a destructive one waits for a person's
+    approval first, then runs on its own."""
+    parsed = [
+        (c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls
+    ]
+    safe = [(i, name, args) for i, name, args in parsed if name not in DESTRUCTIVE]
+    results = dict(
+        zip(
+            [i for i, _, _ in safe],
+            wf.parallel(*[wf.call(TOOLS[name], **args, key=i) for i, name, args in safe]),
+            strict=True,
+        )
+    )
+    for call_id, name, args in parsed:
+        if name in DESTRUCTIVE:
+            ok = wf.wait_for("approval", timeout=timedelta(days=3))
+            if ok and ok.get("approved"):
+                results[call_id] = wf.step(TOOLS[name], **args, key=call_id)
+            else:
+                results[call_id] = json.dumps(
+                    {"refused": args.get("name"), "by": (ok or {}).get("by")}
+                )
+    return [str(results[call_id]) for call_id, _, _ in parsed]
 
 
 @fleet.workflow(version="1", pins={"model": DEFAULT_MODEL})
@@ -185,8 +203,7 @@ def agent(wf: WorkflowContext, task: str = TASK, compact_every: int = 3) -> dict
         calls = reply.get("tool_calls") or []
         if not calls:
             return {"answer": reply["content"], "turns": turn, "messages": len(chat)}
-        for call in calls:
-            result = run_tool(wf, call)
+        for call, result in zip(calls, run_tools(wf, calls), strict=True):
             name = call["function"]["name"]
             chat.append(
                 {"role": "tool", "tool_call_id": call["id"], "name": name, "content": result}

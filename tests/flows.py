@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from fleet import (
+    ChildFailed,
     DeadLetterInfo,
     Fleet,
     NonRetryable,
@@ -516,3 +517,159 @@ def pinned_chat(wf: WorkflowContext, later_model: str) -> list[list[str]]:
     """A turn naming no model, then one that names ``later_model`` after another request
     naming none (so the later attempt has spent before it asks)."""
     return [wf.step(pinned_turn, [None]), wf.step(pinned_turn, [None, later_model])]
+
+
+# --- fan-outs that settle before they raise (lead) ------------------------------------
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=1))
+def branch(ctx: StepContext, item: list[Any]) -> int:
+    """``[i, seconds, bad]``: takes ``seconds``; an ``i`` in ``bad`` fails at once (not retried)."""
+    i, seconds, bad = int(item[0]), float(item[1]), list(item[2])
+    log_event(ctx, "start", i=i)
+    if i in bad:
+        raise NonRetryable(f"item {i} is bad")
+    time.sleep(seconds)
+    log_event(ctx, "end", i=i)
+    return i
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=1))
+def other_branch(ctx: StepContext, item: list[Any]) -> str:
+    """A second kind of branch for wf.parallel: the same, its result a string."""
+    i, seconds, bad = int(item[0]), float(item[1]), list(item[2])
+    log_event(ctx, "start", i=i)
+    if i in bad:
+        raise NonRetryable(f"item {i} is bad")
+    time.sleep(seconds)
+    log_event(ctx, "end", i=i)
+    return f"#{i}"
+
+
+@fleet.workflow(version="1")
+def settling(
+    wf: WorkflowContext, how: str, n: int, seconds: float, bad: list[int], tolerant: bool = False
+) -> dict[str, Any]:
+    """``n`` branches by ``map`` or by ``parallel`` (alternating two step kinds); a failure
+    is caught and reported, with every branch it names."""
+    try:
+        if how == "map":
+            outs = wf.map(branch, [[i, seconds, bad] for i in range(n)], return_exceptions=tolerant)
+        else:
+            calls = [
+                wf.call(other_branch if i % 2 else branch, [i, seconds, bad], key=f"tool-{i}")
+                for i in range(n)
+            ]
+            outs = wf.parallel(*calls, return_exceptions=tolerant)
+    except StepFailed as exc:
+        failures = getattr(exc, "failures", [exc])
+        return {"failed": str(exc), "dead": [f.step_id for f in failures]}
+    return {"ok": [o if not isinstance(o, StepFailed) else f"dead {o.step_id}" for o in outs]}
+
+
+@fleet.workflow(version="1")
+def sprawling(wf: WorkflowContext, n: int) -> int:
+    """``n`` steps one after another (FLEET_MAX_STEPS)."""
+    return sum(wf.step(branch, [i, 0.0, []]) for i in range(n))
+
+
+# --- children (brief C) ------------------------------------------------------------
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=3, initial_delay=0.1, max_delay=0.5))
+def gate(ctx: StepContext, path: str) -> int:
+    """Blocks until the file ``path`` exists (at most 60 s): a step to cancel mid-run."""
+    log_event(ctx, "start", path=path)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log_event(ctx, "end", path=path)
+    return ctx.epoch
+
+
+@fleet.workflow(version="1")
+def kid(wf: WorkflowContext, i: int, seconds: float = 0.0, hold: float = 0.0) -> int:
+    """A child: one ``work`` step (it records 10 + i tokens), its value."""
+    return int(wf.step(work, i, seconds, hold)["value"])
+
+
+@fleet.workflow(version="1")
+def gated_kid(wf: WorkflowContext, path: str) -> int:
+    return int(wf.step(gate, path))
+
+
+@fleet.workflow(version="1")
+def failing_kid(wf: WorkflowContext, why: str) -> None:
+    wf.step(refuse, why)
+
+
+@fleet.workflow(version="1")
+def parent(
+    wf: WorkflowContext, i: int, hold: float = 0.0, key: str | None = None, catch: bool = False
+) -> dict[str, Any]:
+    """A step, a child (``kid``, or ``failing_kid`` for i < 0), a step."""
+    before = wf.step(work, 1)["value"]
+    try:
+        if i < 0:
+            got = wf.child(failing_kid, "no", key=key)
+        else:
+            got = wf.child(kid, i, 0.0, hold, key=key, budget={"tokens": 500})
+    except ChildFailed as exc:
+        if not catch:
+            raise
+        got = {
+            "caught": str(exc),
+            "step": exc.step_id,
+            "is_step_failed": isinstance(exc, StepFailed),
+        }
+    after = wf.step(other, 3)
+    return {"before": before, "child": got, "after": after}
+
+
+@fleet.workflow(version="1")
+def brood(wf: WorkflowContext, n: int, seconds: float = 0.0) -> list[int]:
+    """``n`` children started at once, then waited on."""
+    handles = [wf.start_child(kid, i, seconds, key=f"kid-{i}") for i in range(n)]
+    return [int(h.result()) for h in handles]
+
+
+@fleet.workflow(version="1")
+def gated_brood(wf: WorkflowContext, n: int, path: str) -> list[int]:
+    handles = [wf.start_child(gated_kid, path, key=f"g{i}") for i in range(n)]
+    return [int(h.result()) for h in handles]
+
+
+@fleet.workflow(version="1")
+def deserter(wf: WorkflowContext, path: str) -> str:
+    """Starts two gated children, one detached, and ends without waiting for either."""
+    wf.start_child(gated_kid, path, key="attached")
+    wf.start_child(gated_kid, path, key="detached", detached=True)
+    return "gone"
+
+
+@fleet.workflow(version="1")
+def mixed(wf: WorkflowContext) -> list[Any]:
+    """A parallel tool call whose second branch is a child run."""
+    return wf.parallel(wf.call(other, 2), wf.call(kid, 3, key="sub"))
+
+
+# --- fan-out scaling (brief F) --------------------------------------------------------
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=1))
+def tally(ctx: StepContext, item: list[Any]) -> int:
+    """One branch: ``[i, bad]`` → i; an i in ``bad`` fails (not retried)."""
+    i, bad = int(item[0]), list(item[1])
+    if i in bad:
+        raise NonRetryable(f"item {i} is bad")
+    return i
+
+
+@fleet.workflow(version="1")
+def counted_fan(wf: WorkflowContext, n: int, bad: list[int], tolerant: bool = True) -> Any:
+    """A map of ``n`` items; every replay of the workflow is logged (step "workflow",
+    event "replay"), so a test counts replays as it counts executions."""
+    seen = {"run_id": wf.run_id, "step_id": "workflow", "epoch": 0, "attempt": 0}
+    append_event("FLEET_TEST_LOG", type("Replay", (), seen), "replay")
+    outs = wf.map(tally, [[i, bad] for i in range(n)], return_exceptions=tolerant)
+    return [o if not isinstance(o, StepFailed) else f"dead {o.step_id}" for o in outs]

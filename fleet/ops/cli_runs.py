@@ -46,6 +46,9 @@ def enqueue(
 def runs(
     status: Annotated[str | None, typer.Option(help="only runs in this status")] = None,
     limit: Annotated[int, typer.Option()] = 50,
+    children: Annotated[
+        bool, typer.Option("--children/--no-children", help="list child runs too")
+    ] = True,
     app_: AppOpt = None,
 ) -> None:
     """A table of runs, newest first."""
@@ -56,7 +59,7 @@ def runs(
         if limit < 1:
             raise BadInput(f"--limit must be at least 1, got {limit}")
         q = open_fleet(app_).runtime.queries
-        rows = q.runs(status, limit)
+        rows = q.runs(status, limit, children=children)
         ids = [r.id for r in rows]
         console.print(runs_table(rows, {r: q.usage(r) for r in ids}, q.progress(ids)))
 
@@ -66,7 +69,7 @@ def runs(
 def status(
     run_id: str, app_: AppOpt = None, json_: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
-    """A run and its steps: status, attempts, epochs, workers, spend."""
+    """A run and its steps: status, attempts, epochs, workers, spend; its child runs."""
 
     def body() -> int:
         fleet = open_fleet(app_)
@@ -84,6 +87,7 @@ def status(
                     q.usage(run_id),
                     q.incident_counts(run_id),
                     q.intents(run_id),
+                    q.descendants(run_id),
                 )
             )
         return 1 if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else 0
@@ -111,6 +115,11 @@ def _status_document(fleet: Fleet, run: Any, steps: Sequence[Any]) -> dict[str, 
             }
             for s in steps
             if s.kind == StepKind.TASK
+        ],
+        "parent": run.parent_id,
+        "children": [
+            {"id": c.id, "parent": c.parent_id, "workflow": c.workflow, "status": c.status}
+            for c in fleet.runtime.queries.descendants(run.id)
         ],
     }
 

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
 from fleet.records import attempts_by_step, saved_by_resume
 from fleet.states import Decision, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
@@ -121,6 +122,7 @@ def run_view(
     usage: dict[str, Any],
     incidents: dict[str, int],
     intents: Sequence[Any] = (),
+    children: Sequence[Any] = (),
 ) -> Group:
     head = _grid()
     head.add_row("run", plain(run.id))
@@ -128,6 +130,9 @@ def run_view(
     head.add_row("workflow", plain(f"{run.workflow} version {run.version}{pins}"))
     head.add_row("queue", plain(f"{run.queue} (served by workers that have this version)"))
     head.add_row("status", status_text(run.status))
+    if run.parent_id is not None:
+        detached = ", detached" if run.detached else ""
+        head.add_row("parent", plain(f"{run.parent_id} (its step {run.parent_step}{detached})"))
     head.add_row("spend", _spend_line(run, usage))
     saved = saved_by_resume(attempts)
     if saved["crashes"]:
@@ -145,6 +150,8 @@ def run_view(
     if run.error:
         head.add_row("error", plain(run.error.splitlines()[0] if run.error else "", style="red"))
     parts: list[Any] = [head, steps_table(steps, attempts)]
+    if children:
+        parts.append(children_tree(run, children))
     if intents:
         parts.append(intents_table(intents))
     in_doubt = [s.step_id for s in steps if s.status == StepStatus.IN_DOUBT]
@@ -156,6 +163,22 @@ def run_view(
             )
         )
     return Group(*parts)
+
+
+def children_tree(run: Any, children: Sequence[Any]) -> Tree:
+    """The run's child runs (``children``: its descendants, each with ``parent_id``) as
+    a tree under it: id, workflow, status; a detached child says so."""
+    root = Tree(plain(f"child runs of {run.id}"))
+    nodes = {run.id: root}
+    for child in children:  # oldest first: a parent is placed before its children
+        under = nodes.get(child.parent_id, root)
+        label = plain(child.id)
+        label.append(f"  {child.workflow}  ")
+        label.append_text(status_text(child.status))
+        if child.detached:
+            label.append("  (detached)", style="dim")
+        nodes[child.id] = under.add(label)
+    return root
 
 
 def _attention_rows(head: Table, run: Any, incidents: dict[str, int]) -> None:

@@ -17,11 +17,18 @@ import traceback
 from dataclasses import dataclass, field
 
 from fleet import codec
-from fleet.errors import NonDeterminism, PayloadError, StepFailed, StoreUnavailable
+from fleet.errors import (
+    LimitExceeded,
+    NonDeterminism,
+    PayloadError,
+    StepFailed,
+    StoreUnavailable,
+)
 from fleet.logs import log_context
 from fleet.registry import WorkflowDef
 from fleet.secrets import Redactor, redacting
 from fleet.states import Incident, RunStatus
+from fleet.store.ledger import NewChild
 from fleet.store.queries import Snapshot
 from fleet.store.rows import RunRow
 from fleet.worker.runtime import Runtime
@@ -39,17 +46,21 @@ def step_shadow(workflow: str, name: str) -> str:
 
 @dataclass
 class Replayed:
-    """What a replay recorded that must be sent: its new task steps, in order. Send
-    them only once the transaction that recorded them has committed (a worker given a
-    step the store does not have yet drops it, and the sweeper sends it late)."""
+    """What a replay recorded that must be sent: its new task steps, in order, the
+    child runs it started, and the parent its end woke. Send them only once the
+    transaction that recorded them has committed (a worker given a step or run the
+    store does not have yet drops it, and the sweeper sends it late)."""
 
     run_id: str
     queue: str
     workflow: str
     tasks: list[NewTask] = field(default_factory=list)
+    children: list[NewChild] = field(default_factory=list)
+    parents: list[str] = field(default_factory=list)
 
     def send(self, rt: Runtime) -> None:
-        """One message per new task step; a failure to send is the sweeper's to repair."""
+        """One message per new task step, one advance per new child run and per parent
+        to wake; a failure to send is the sweeper's to repair."""
         for task in self.tasks:
             rt.dispatcher.execute(
                 self.run_id,
@@ -57,6 +68,12 @@ class Replayed:
                 self.queue,
                 shadow=step_shadow(self.workflow, task.name),
             )
+        for child in self.children:
+            rt.dispatcher.advance(child.run_id, child.queue)
+        for parent_id in self.parents:
+            parent = rt.queries.run(parent_id)
+            if parent is not None:
+                rt.dispatcher.advance(parent_id, parent.queue)
 
 
 def pinned_workflow(rt: Runtime, run: RunRow, step_id: str | None = None) -> WorkflowDef | None:
@@ -121,7 +138,7 @@ def _replay(
         rt.ledger.resume_run(run_id)
     ctx = WorkflowContext(rt, run, history)
     # Whether the replay suspends, returns or raises, what it recorded is to be sent.
-    replayed = Replayed(run_id, run.queue, run.workflow, ctx.new_tasks)
+    replayed = Replayed(run_id, run.queue, run.workflow, ctx.new_tasks, ctx.new_children)
     try:
         # Arguments that cannot be loaded fail the run (PayloadError), once.
         args, kwargs = rt.payloads.load_call(run.args, f"arguments of run {run_id}")
@@ -152,8 +169,8 @@ def _replay(
         _fail(rt, run_id, redact(f"NonDeterminism: {exc}"))
     except StepFailed as exc:
         _fail(rt, run_id, redact(f"StepFailed: {exc}"), ctx)
-    except PayloadError as exc:
-        _fail(rt, run_id, redact(f"PayloadError: {exc}"), ctx)
+    except (PayloadError, LimitExceeded) as exc:
+        _fail(rt, run_id, redact(f"{type(exc).__name__}: {exc}"), ctx)
     except StoreUnavailable:
         raise  # the sweeper will advance the run again once the store answers
     except Exception as exc:
@@ -162,6 +179,8 @@ def _replay(
     else:
         rt.ledger.finish_run(run_id, RunStatus.SUCCEEDED, result=encoded)
     rt.ledger.mark_advanced(run_id, run.wake_seq)
+    if run.parent_id is not None:  # it ended: its parent's child step has its outcome
+        replayed.parents.append(run.parent_id)
     return replayed
 
 

@@ -19,12 +19,13 @@ from datetime import timedelta
 from typing import Any
 
 from fleet import codec
-from fleet.errors import NonDeterminism, StepFailed
-from fleet.registry import StepDef, check_name
+from fleet.errors import BranchesFailed, ChildFailed, LimitExceeded, NonDeterminism, StepFailed
+from fleet.registry import StepDef, WorkflowDef, check_name
 from fleet.states import StepKind, StepStatus
-from fleet.store.ledger import NewCompaction, NewStep
+from fleet.store.ledger import NewChild, NewCompaction, NewStep
 from fleet.store.rows import RunRow, StepRow
 from fleet.transcripts import DEFAULT, summary_messages
+from fleet.worker.children import Children
 from fleet.worker.conversation import Compacted, Conversations, Transcript, Window
 from fleet.worker.runtime import Runtime
 
@@ -47,6 +48,17 @@ def _seconds(value: timedelta | float | None) -> float | None:
 
 
 @dataclass(frozen=True)
+class Call:
+    """One branch of ``wf.parallel``, described by ``wf.call``: a step (or a workflow,
+    run as a child) and its arguments; ``key`` names its step (default: positional)."""
+
+    fn: StepDef | WorkflowDef | str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    key: str | None = None
+
+
+@dataclass(frozen=True)
 class NewTask:
     """A task step a replay recorded: a worker must be told to execute it."""
 
@@ -54,8 +66,9 @@ class NewTask:
     name: str
 
 
-class WorkflowContext:
-    """The first argument of a workflow function (see CONTRACT.md)."""
+class WorkflowContext(Children):
+    """The first argument of a workflow function (see CONTRACT.md); its child runs'
+    calls (``child``, ``start_child``) are in fleet/worker/children.py."""
 
     def __init__(self, rt: Runtime, run: RunRow, history: Sequence[StepRow]) -> None:
         self.run_id: str = run.id
@@ -72,6 +85,8 @@ class WorkflowContext:
         self._wake_seq: int = run.wake_seq
         self.answered = False  # the replay's last write also marked the run advanced
         self.talk = Conversations(rt, run)  # its transcripts and their new messages
+        self._run = run
+        self.new_children: list[NewChild] = []  # child runs recorded: each needs an advance
 
     # --- the public surface -----------------------------------------------------
 
@@ -92,13 +107,15 @@ class WorkflowContext:
         key: str | Callable[[Any], str] | None = None,
         return_exceptions: bool = False,
     ) -> list[Any]:
-        """One step per item, run in parallel; results in order.
+        """One step per item, run in parallel; results in order, once every item has
+        settled (a dead item raises only then: no sibling is left pending).
 
         ``key`` names the items: a prefix (``key#1``, ``key#2``…) or a function of the item.
         With ``return_exceptions`` a dead item stands in the list as its ``StepFailed``.
         """
         sd = self._rt.registry.step(fn)
         items = list(items)
+        self._check_fanout(len(items))
         ids = []
         for item in items:
             item_key = key(item) if callable(key) else None
@@ -110,19 +127,37 @@ class WorkflowContext:
             for step_id, item, rec in zip(ids, items, recs, strict=True)
             if rec is None
         ]
-        if new:
-            self._record(new, last=True)
-            raise Suspend
-        results: list[Any] = []
-        for rec in recs:
-            assert rec is not None
-            try:
-                results.append(self._outcome(rec))
-            except StepFailed as exc:
-                if not return_exceptions:
-                    raise
-                results.append(exc)
-        return results
+        return self._gather(recs, new, return_exceptions)
+
+    def call(
+        self, fn: StepDef | WorkflowDef | str, *args: Any, key: str | None = None, **kwargs: Any
+    ) -> Call:
+        """Describe one branch of ``parallel``: a step, or a child workflow, with its
+        arguments. Nothing runs until ``parallel`` is given it."""
+        return Call(fn, args, kwargs, key)
+
+    def parallel(self, *calls: Call, return_exceptions: bool = False) -> list[Any]:
+        """Run different steps (or child workflows), each described by ``wf.call``, at
+        once; results in order, once every branch has settled. A dead branch raises its
+        ``StepFailed`` (a child's ``ChildFailed``); several dead: ``BranchesFailed`` naming
+        them all. With ``return_exceptions`` each dead branch stands in the list instead."""
+        self._check_fanout(len(calls))
+        recs: list[StepRow | None] = []
+        new: list[NewStep] = []
+        for call in calls:
+            if not isinstance(call, Call):
+                raise TypeError(f"parallel() takes wf.call(...) descriptions, got {call!r:.100}")
+            target = self._target(call.fn)
+            step_id = self._next_id(target.name, call.key)
+            rec = self._expect(step_id, target.name)
+            recs.append(rec)
+            if rec is not None:
+                continue
+            if isinstance(target, WorkflowDef):
+                new.append(self._new_child(target, step_id, call.args, call.kwargs))
+            else:
+                new.append(self._new_task(target, step_id, call.args, call.kwargs))
+        return self._gather(recs, new, return_exceptions)
 
     def wait_for(self, name: str, timeout: timedelta | float | None = None) -> Any:
         """Suspend the run until a signal called ``name`` arrives (its payload is
@@ -197,6 +232,50 @@ class WorkflowContext:
 
     # --- replay mechanics -------------------------------------------------------
 
+    def _gather(
+        self, recs: Sequence[StepRow | None], new: list[NewStep], return_exceptions: bool
+    ) -> list[Any]:
+        """The results of a fan-out's branches, in order, once all have settled. New
+        branches are recorded together (one fan-out) and the replay stops; so it does
+        while any branch is still pending or running, even if another is already dead:
+        a fan-out raises only once nothing of it can still run."""
+        if new:
+            self._record(new, last=True)
+            raise Suspend
+        if any(rec is None or not rec.status.finished for rec in recs):
+            raise Suspend
+        results: list[Any] = []
+        dead: list[StepFailed] = []
+        for rec in recs:
+            assert rec is not None
+            try:
+                results.append(self._outcome(rec))
+            except StepFailed as exc:
+                dead.append(exc)
+                results.append(exc)
+        if dead and not return_exceptions:
+            if len(dead) == 1:
+                raise dead[0]
+            raise BranchesFailed(dead) from dead[0]
+        return results
+
+    def _check_fanout(self, branches: int) -> None:
+        limit = self._rt.settings.max_fanout
+        if branches > limit:
+            raise LimitExceeded(
+                f"a fan-out of {branches} branches in run {self.run_id} is over "
+                f"FLEET_MAX_FANOUT={limit}"
+            )
+
+    def _target(self, fn: StepDef | WorkflowDef | str) -> StepDef | WorkflowDef:
+        """What a ``wf.call`` names: a registered step, or a workflow to run as a child."""
+        if isinstance(fn, WorkflowDef):
+            return self._rt.registry.workflow(fn)
+        registry = self._rt.registry
+        if isinstance(fn, str) and fn not in registry.steps and fn in registry.workflows:
+            return registry.workflows[fn]
+        return self._rt.registry.step(fn)
+
     def _positional(self, name: str) -> str:
         n = self._counts.get(name, 0) + 1
         self._counts[name] = n
@@ -218,6 +297,11 @@ class WorkflowContext:
         pos = self._pos
         self._pos += 1
         if pos >= len(self._history):
+            if pos >= self._rt.settings.max_steps:
+                raise LimitExceeded(
+                    f"run {self.run_id} reached FLEET_MAX_STEPS={self._rt.settings.max_steps} "
+                    f"steps at step {step_id!r}"
+                )
             return None
         rec = self._history[pos]
         if rec.step_id != step_id or rec.name != name:
@@ -248,9 +332,12 @@ class WorkflowContext:
         messages appended before them). ``_expect``
         reserved their positions in call order, so they are the last ``len(new)``.
         ``last``: the replay suspends right after, so the same write marks the run
-        advanced (its wake-up answered); the caller sends the new tasks after the commit."""
+        advanced (its wake-up answered); the caller sends the new tasks after the commit.
+        Two or more steps recorded at once are a fan-out (map, parallel): each is marked
+        with the seq of its first, so that only its last branch to settle wakes the run."""
         start = self._pos - len(new)
-        positioned = [replace(s, seq=start + i) for i, s in enumerate(new)]
+        fanout = start if len(new) > 1 else None
+        positioned = [replace(s, seq=start + i, fanout=fanout) for i, s in enumerate(new)]
         messages, compactions = self.talk.taken()
         self._rt.ledger.record_steps(
             self.run_id,
@@ -263,12 +350,17 @@ class WorkflowContext:
         self.new_tasks.extend(
             NewTask(s.step_id, s.name) for s in positioned if s.kind == StepKind.TASK
         )
+        self.new_children.extend(s.child for s in positioned if s.child is not None)
 
-    def _outcome(self, rec: StepRow) -> Any:
+    def _outcome(self, rec: StepRow | None) -> Any:
+        if rec is None:  # recorded by this replay: not settled yet
+            raise Suspend
         if rec.status == StepStatus.DONE:
             value = self._rt.payloads.load(rec.output)
             self.talk.produced(value, rec.step_id, rec.output)
             return value
+        if rec.status == StepStatus.DEAD and rec.kind == StepKind.CHILD:
+            raise ChildFailed(rec.step_id, rec.error or "child run failed", rec.attempts)
         if rec.status == StepStatus.DEAD:
             raise StepFailed(rec.step_id, rec.error or "dead-lettered", rec.attempts)
         raise Suspend
