@@ -522,8 +522,7 @@ def pinned_chat(wf: WorkflowContext, later_model: str) -> list[list[str]]:
 # --- fan-outs that settle before they raise (lead) ------------------------------------
 
 
-@fleet.step(retry=RetryPolicy(max_attempts=1))
-def branch(ctx: StepContext, item: list[Any]) -> int:
+def _branch(ctx: StepContext, item: list[Any]) -> int:
     """``[i, seconds, bad]``: takes ``seconds``; an ``i`` in ``bad`` fails at once (not retried)."""
     i, seconds, bad = int(item[0]), float(item[1]), list(item[2])
     log_event(ctx, "start", i=i)
@@ -535,15 +534,15 @@ def branch(ctx: StepContext, item: list[Any]) -> int:
 
 
 @fleet.step(retry=RetryPolicy(max_attempts=1))
+def branch(ctx: StepContext, item: list[Any]) -> int:
+    """One branch of a fan-out (see ``_branch``)."""
+    return _branch(ctx, item)
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=1))
 def other_branch(ctx: StepContext, item: list[Any]) -> str:
     """A second kind of branch for wf.parallel: the same, its result a string."""
-    i, seconds, bad = int(item[0]), float(item[1]), list(item[2])
-    log_event(ctx, "start", i=i)
-    if i in bad:
-        raise NonRetryable(f"item {i} is bad")
-    time.sleep(seconds)
-    log_event(ctx, "end", i=i)
-    return f"#{i}"
+    return f"#{_branch(ctx, item)}"
 
 
 @fleet.workflow(version="1")
