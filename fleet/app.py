@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fleet import codec
 from fleet.config import Settings
 from fleet.errors import BadInput
 from fleet.handle import RunHandle
@@ -191,7 +190,7 @@ class Fleet:
         ):
             raise BadInput(f"run id {run_id!r} must be 1-{MAX_RUN_ID} printable characters")
         rid = run_id or uuid.uuid4().hex
-        pins = codec.encode(dict(wf.pins), what=f"pins of workflow {wf.name}", limit=4096)
+        pins = wf.encoded_pins()
         self.ensure_schema(create=True)
         payload = self.runtime.payloads.dump(
             {"args": list(args), "kwargs": kwargs}, what=f"arguments of workflow {wf.name}"

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet import codec
 from fleet.errors import BadInput, UnknownWorkflow
 from fleet.policy import RetryPolicy
 
@@ -49,6 +50,11 @@ class WorkflowDef:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"workflow {self.name!r} runs durably: start it with fleet.enqueue(...)")
+
+    def encoded_pins(self) -> str:
+        """Its pins as a run records them (JSON, at most 4 KiB): a run enqueued and a
+        child run started by a parent record them the same way."""
+        return codec.encode(dict(self.pins), what=f"pins of workflow {self.name}", limit=4096)
 
     def queue(self, base: str) -> str:
         """The queue its runs are routed to: one per version and pins, so a worker that

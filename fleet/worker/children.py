@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fleet import codec
 from fleet.errors import LimitExceeded
 from fleet.registry import WorkflowDef, check_budget
 from fleet.states import StepKind
@@ -64,7 +63,7 @@ def new_child(
     payload = rt.payloads.dump(
         {"args": list(args), "kwargs": kwargs}, what=f"arguments of child {step_id}"
     )
-    pins = codec.encode(dict(wd.pins), what=f"pins of workflow {wd.name}", limit=4096)
+    pins = wd.encoded_pins()
     child = NewChild(
         run_id,
         wd.name,
