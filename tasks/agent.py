@@ -5,8 +5,11 @@ is asked for the next move each turn, with the transcript's window as its input,
 answers with tool calls: ``list_notes`` and ``read_note`` are plain steps (reads, run
 again freely), ``write_note`` is an effect keyed by its tool call, and
 ``delete_note`` is destructive, so the run waits for a person's ``approval`` signal
-before it. Every ``compact_every`` turns the older messages are summarized; the raw
-transcript keeps everything, the model is shown the summary and the last few.
+before it. ``research`` hands a sub-task to a subagent: a child run of the research
+workflow (``tasks/research.py``), with its own steps, retries and spend, which rolls
+up into the agent's. The safe tool calls of a turn run at once (``wf.parallel``).
+Every ``compact_every`` turns the older messages are summarized; the raw transcript
+keeps everything, the model is shown the summary and the last few.
 
 The notes read are a fixed set (``NOTES``); what the agent writes or deletes goes to
 a log file (``FLEET_NOTES_LOG``, default ``.fleet/notes.jsonl``), once per
@@ -26,6 +29,7 @@ from typing import Any
 from fleet import RetryPolicy, StepContext, WorkflowContext
 from tasks.app import fleet
 from tasks.model import DEFAULT_MODEL, get_model
+from tasks.research import research
 
 TASK = "Tidy my notes: read them all, write a digest, and delete the scratch note."
 SYSTEM = "You are a careful assistant with tools over the user's notes. Use one tool at a time."
@@ -61,6 +65,7 @@ TOOL_SPECS: list[dict[str, Any]] = [
     _tool("read_note", "One note's text.", name="the note's name"),
     _tool("write_note", "Create or replace a note.", name="its name", text="its text"),
     _tool("delete_note", "Delete a note (asks a person first).", name="the note's name"),
+    _tool("research", "Have a researcher (a subagent) report on a topic.", topic="the topic"),
 ]
 DESTRUCTIVE = frozenset({"delete_note"})
 
@@ -131,7 +136,8 @@ def delete_note(ctx: StepContext, name: str) -> str:
     return json.dumps({"deleted": name})
 
 
-TOOLS = {f.name: f for f in (list_notes, read_note, write_note, delete_note)}
+# A tool is a step, or a workflow run as a child run of the agent (a subagent).
+TOOLS = {f.name: f for f in (list_notes, read_note, write_note, delete_note, research)}
 
 
 # --- the model's steps ------------------------------------------------------------------
@@ -164,8 +170,8 @@ def summarize(ctx: StepContext, messages: Any) -> list[dict[str, Any]]:
 def run_tools(wf: WorkflowContext, calls: list[dict[str, Any]]) -> list[str]:
     """A turn's tool calls, results in the calls' order, each a step keyed by its call
     id. The safe ones run at once (``wf.parallel``: a model that asks for three reads
-    waits for the slowest, not for their sum); a destructive one waits for a person's
-    approval first, then runs on its own."""
+    waits for the slowest, not for their sum; a ``research`` call is a child run among
+    them); a destructive one waits for a person's approval first, then runs on its own."""
     parsed = [
         (c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls
     ]
@@ -186,7 +192,12 @@ def run_tools(wf: WorkflowContext, calls: list[dict[str, Any]]) -> list[str]:
                 results[call_id] = json.dumps(
                     {"refused": args.get("name"), "by": (ok or {}).get("by")}
                 )
-    return [str(results[call_id]) for call_id, _, _ in parsed]
+    return [_content(results[call_id]) for call_id, _, _ in parsed]
+
+
+def _content(result: Any) -> str:
+    """A tool message's content: a step's text as it is, a subagent's result as JSON."""
+    return result if isinstance(result, str) else json.dumps(result, sort_keys=True)
 
 
 @fleet.workflow(version="1", pins={"model": DEFAULT_MODEL})

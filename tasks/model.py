@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -155,6 +156,8 @@ SUMMARY_HEAD = "Summary of the conversation so far:"
 READS_PER_TURN = 2
 DIGEST = "digest"
 CALLS_ENV = "FLEET_MODEL_CALLS"
+# "…, research durable execution, …": a topic the task hands to the research subagent.
+RESEARCH_ASK = re.compile(r"\bresearch\s+([^.,;:!?]+)", re.IGNORECASE)
 
 
 @dataclass
@@ -166,6 +169,13 @@ class Progress:
     read: dict[str, str] = field(default_factory=dict)  # note -> its first sentence
     written: str | None = None
     deleted: tuple[str, str] | None = None  # (note, "deleted" | "refused")
+    researched: dict[str, str] = field(default_factory=dict)  # topic -> its report's gist
+
+    @property
+    def topic(self) -> str | None:
+        """What the task asks to have researched (by a subagent), if anything."""
+        found = RESEARCH_ASK.search(self.task)
+        return " ".join(found.group(1).split()) if found else None
 
     def facts(self) -> list[str]:
         """One line per fact, in the form ``read_progress`` parses back."""
@@ -173,6 +183,7 @@ class Progress:
         if self.notes is not None:
             lines.append(f"- notes: {', '.join(self.notes)}")
         lines += [f"- read {name}: {gist}" for name, gist in self.read.items()]
+        lines += [f"- researched {topic}: {gist}" for topic, gist in self.researched.items()]
         if self.written:
             lines.append(f"- wrote {self.written}")
         if self.deleted:
@@ -206,6 +217,8 @@ def _read_facts(p: Progress, lines: list[str]) -> None:
             p.notes = [n for n in rest.split(", ") if n]
         elif head.startswith("read "):
             p.read[head.removeprefix("read ")] = rest
+        elif head.startswith("researched "):
+            p.researched[head.removeprefix("researched ")] = rest
         elif head.startswith("wrote "):
             p.written = head.removeprefix("wrote ")
         elif head.startswith("delete "):
@@ -223,6 +236,8 @@ def _read_result(p: Progress, tool: str, content: str) -> None:
         p.notes = [str(n) for n in data["notes"]]
     elif tool == "read_note" and "text" in data:
         p.read[str(data["name"])] = gist(str(data["text"]))
+    elif tool == "research" and "report" in data:
+        p.researched[str(data.get("topic"))] = report_gist(str(data["report"]))
     elif tool == "write_note" and "written" in data:
         p.written = str(data["written"])
     elif tool == "delete_note":
@@ -234,13 +249,19 @@ def _read_result(p: Progress, tool: str, content: str) -> None:
 
 def next_message(p: Progress, offered: set[str]) -> dict[str, Any]:
     """The assistant's next message: the next tool calls of the plan (list, read two
-    at a time, write the digest, delete the scratch notes), or the final answer."""
+    at a time, write the digest, delete the scratch notes), or the final answer. A task
+    that asks to research a topic has it researched beside the listing, by the
+    ``research`` tool (a subagent) when it is offered."""
     notes = p.notes or []
     unread = [n for n in notes if n not in p.read]
     scratch = [n for n in notes if n.startswith("scratch")]
     if p.notes is None:
         why = f"To do this ({_one_line(p.task)}) I first list the notes."
-        calls = [("list_notes", {})]
+        calls: list[tuple[str, dict[str, Any]]] = [("list_notes", {})]
+        topic = p.topic
+        if topic and topic not in p.researched and "research" in offered:
+            why += f" Meanwhile a researcher looks into {topic}."
+            calls.append(("research", {"topic": topic}))
     elif unread:
         batch = unread[:READS_PER_TURN]
         why = (
@@ -250,7 +271,7 @@ def next_message(p: Progress, offered: set[str]) -> dict[str, Any]:
         calls = [("read_note", {"name": n}) for n in batch]
     elif p.written is None:
         why = f"I have read all {len(notes)} notes; I write their digest to {DIGEST!r}."
-        calls = [("write_note", {"name": DIGEST, "text": digest(p.read)})]
+        calls = [("write_note", {"name": DIGEST, "text": digest(p.read, p.researched)})]
     elif scratch and p.deleted is None:
         why = f"The digest is written. {scratch[0]!r} holds nothing worth keeping: I delete it."
         calls = [("delete_note", {"name": scratch[0]})]
@@ -273,16 +294,20 @@ def next_message(p: Progress, offered: set[str]) -> dict[str, Any]:
     }
 
 
-def digest(read: dict[str, str]) -> str:
-    """The digest note: one line per note read, its first sentence."""
+def digest(read: dict[str, str], researched: dict[str, str] | None = None) -> str:
+    """The digest note: one line per note read, its first sentence; then one line per
+    topic researched, its report's gist."""
     lines = [f"Digest of {len(read)} notes"]
     lines += [f"- {name}: {g}" for name, g in sorted(read.items())]
+    lines += [f"- research on {t}: {g}" for t, g in sorted((researched or {}).items())]
     return "\n".join(lines)
 
 
 def final_answer(p: Progress) -> str:
     """What was done, in one sentence."""
     text = f"Done: I read {len(p.read)} notes ({', '.join(p.read)})"
+    if p.researched:
+        text += f"; a researcher looked into {', '.join(p.researched)}"
     if p.written:
         text += f"; I wrote their digest to {p.written!r}"
     if p.deleted:
@@ -299,6 +324,13 @@ def gist(text: str) -> str:
     """A note's first sentence, on one line, at most 120 characters."""
     first = _first_sentence(text) or text
     return _one_line(first)[:120]
+
+
+def report_gist(report: str) -> str:
+    """A research report's gist: its "In short:" sentence, else its first line."""
+    lines = [line for line in report.splitlines() if line.strip()]
+    short = [line.removeprefix("In short:") for line in lines if line.startswith("In short:")]
+    return _one_line((short or lines or [""])[0])[:120]
 
 
 def log_call(kind: str, tag: dict[str, Any] | None) -> None:

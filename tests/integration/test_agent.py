@@ -167,3 +167,37 @@ def test_a_refused_approval_keeps_the_note(tmp_path: Path, monkeypatch: pytest.M
     assert json.loads(refusal.message["content"]) == {"refused": "scratch", "by": "ops"}
     assert [c["op"] for c in agent.read_notes_log(tmp_path / "notes.jsonl")] == ["write"]
     client.runtime.db.dispose()
+
+
+def test_a_research_sub_task_is_handed_to_a_child_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process on SQLite: a task that asks for research has the research workflow
+    run as a child of the agent, in parallel with the first tool call; its report
+    reaches the digest and its spend the agent's usage."""
+    monkeypatch.setenv("FLEET_NOTES_LOG", str(tmp_path / "notes.jsonl"))
+    client = tasks_app.fleet.with_settings(Settings(database_url=f"sqlite:///{tmp_path}/t.db"))
+    client.upgrade_schema()
+    broker = InlineBroker(client)
+    task = "Tidy my notes: read them all, research durable execution, and write a digest."
+    run = client.enqueue("agent", task)
+    broker.drain()
+    client.signal(run.id, "approval", APPROVAL)  # the scratch note's delete
+    broker.drain()
+    result = run.wait(timeout=0)
+    assert "a researcher looked into durable execution" in result["answer"]
+    kids = [r for r in client.runtime.queries.runs(limit=100) if r.parent_id == run.id]
+    assert [(k.id, k.workflow, k.status) for k in kids] == [
+        (f"{run.id}/call_research", "research", "succeeded")
+    ]
+    first = _turns(client, run.id)[0]
+    assert [c["function"]["name"] for c in first["tool_calls"]] == ["list_notes", "research"]
+    report = client.runtime.queries.run(kids[0].id)
+    assert report is not None and report.result is not None
+    gist = json.loads(report.result)["report"].split("In short:")[1].strip()[:40]
+    (written,) = [c for c in agent.read_notes_log(tmp_path / "notes.jsonl") if c["op"] == "write"]
+    assert "- research on durable execution: " + gist in written["text"]
+    tree, kid = run.usage(), client.run(kids[0].id).usage()
+    assert kid["calls"] > 0 and kid["cost"] > 0
+    assert tree["calls"] > kid["calls"] and tree["cost"] > kid["cost"]
+    client.runtime.db.dispose()
