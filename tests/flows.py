@@ -554,6 +554,8 @@ def settling(
     try:
         if how == "map":
             outs = wf.map(branch, [[i, seconds, bad] for i in range(n)], return_exceptions=tolerant)
+        elif how == "bare":  # a mistake: the step itself, not a wf.call description of it
+            outs = wf.parallel(*[branch] * n)  # type: ignore[arg-type]
         else:
             calls = [
                 wf.call(other_branch if i % 2 else branch, [i, seconds, bad], key=f"tool-{i}")

@@ -58,6 +58,14 @@ class Call:
     key: str | None = None
 
 
+def _not_a_call(given: object) -> str:
+    """What ``parallel`` says when given something other than a ``wf.call``."""
+    name = getattr(given, "name", None)
+    if isinstance(given, StepDef | WorkflowDef) and isinstance(name, str):
+        return f"parallel() takes wf.call(...) descriptions, not {name!r}: wf.call({name}, ...)"
+    return f"parallel() takes wf.call(...) descriptions, got {given!r:.100}"
+
+
 @dataclass(frozen=True)
 class NewTask:
     """A task step a replay recorded: a worker must be told to execute it."""
@@ -146,7 +154,7 @@ class WorkflowContext(Children):
         new: list[NewStep] = []
         for call in calls:
             if not isinstance(call, Call):
-                raise TypeError(f"parallel() takes wf.call(...) descriptions, got {call!r:.100}")
+                raise TypeError(_not_a_call(call))
             target = self._target(call.fn)
             step_id = self._next_id(target.name, call.key)
             rec = self._expect(step_id, target.name)

@@ -109,6 +109,20 @@ def test_a_fan_out_over_fleet_max_fanout_fails_the_run_with_one_line(
     small.runtime.db.dispose()
 
 
+def test_parallel_given_a_step_instead_of_a_call_fails_the_run_saying_so(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    run = client.enqueue("settling", "bare", 2, 0.0, [])
+    inline.drain()
+    with pytest.raises(RunFailed) as failed:
+        run.wait(timeout=5)
+    first = (failed.value.error or "").splitlines()[0]
+    assert first == (
+        "TypeError: parallel() takes wf.call(...) descriptions, not 'branch': wf.call(branch, ...)"
+    )
+    assert run.steps() == [], "nothing of it was recorded"
+
+
 def test_a_run_past_fleet_max_steps_fails_with_one_line_keeping_its_steps(
     backend: Backend, client: Fleet
 ) -> None:
