@@ -332,3 +332,16 @@ def redact(url: str) -> str:
 def describe_driver_error(url: str, exc: DBAPIError) -> str:
     first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
     return f"store {redact(url)} unavailable: {first}"
+
+
+# Postgres aborts one of two transactions that wait on each other (deadlock_detected),
+# or a serializable one that conflicted; the transaction may simply be tried again.
+RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def retryable(exc: BaseException) -> bool:
+    """A store error that rolled its transaction back and may be retried as it was:
+    a deadlock Postgres broke by aborting this side, or a serialization failure."""
+    cause = exc.__cause__
+    orig = getattr(cause, "orig", None)
+    return isinstance(cause, DBAPIError) and getattr(orig, "sqlstate", None) in RETRYABLE_SQLSTATES

@@ -27,10 +27,12 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import Executable
 
+from fleet.errors import StoreUnavailable
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store import derived
 from fleet.store import messages as transcripts
 from fleet.store import transitions as sql
+from fleet.store.engine import retryable
 from fleet.store.messages import NewCompaction, NewMessage
 from fleet.store.step_ledger import Committed, Lease, ReplayRefused, StepLedger, TakeRefused
 from fleet.store.upkeep import DEAD_MESSAGE_MAX_BYTES, DUE_WAITS
@@ -83,6 +85,7 @@ class NewChild:
 
 # How many generations of children a run that ends cancels with it, at most.
 MAX_GENERATIONS = 64
+CANCEL_TRIES = 3  # a cancel Postgres aborted to break a deadlock is tried again
 
 
 class Ledger(StepLedger):
@@ -146,7 +149,20 @@ class Ledger(StepLedger):
         """cancel_run: any live state → cancelled. Leases of running steps are revoked in
         the same transaction (revoke_lease: running → pending, epoch+1), so their commits
         are fenced and their heartbeats fail; no step of a cancelled run can take a
-        lease, and no advance replays it. False: the run had finished already."""
+        lease, and no advance replays it. False: the run had finished already.
+
+        It locks the run, then its children; a child finishing at that moment locks
+        itself, then its parent. Postgres breaks that deadlock by aborting one side: if
+        it is this one, the cancel is tried again (a few times), never half-applied."""
+        for tries_left in reversed(range(CANCEL_TRIES)):
+            try:
+                return self._cancel_once(run_id, reason)
+            except StoreUnavailable as exc:
+                if self.tx is not None or not tries_left or not retryable(exc):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _cancel_once(self, run_id: str, reason: str) -> bool:
         with self.db.begin(self.tx) as conn:
             params = {"b_run": run_id, "b_error": f"cancelled: {reason}"}
             if conn.execute(sql.CANCEL_RUN, params).rowcount != 1:

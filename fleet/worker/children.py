@@ -26,10 +26,11 @@ from fleet.registry import WorkflowDef, check_budget
 from fleet.states import StepKind
 from fleet.store.ledger import NewChild, NewStep
 from fleet.store.rows import RunRow, StepRow
+from fleet.store.schema import runs
 from fleet.worker.runtime import Runtime
 
-# As the schema's runs.id (fleet/store/schema.py): a child id longer fails its parent.
-MAX_RUN_ID = 200
+# The schema's runs.id length (fleet/store/schema.py): a child id longer fails its parent.
+MAX_RUN_ID: int = runs.c.id.type.length
 
 
 def child_run_id(parent_id: str, step_id: str) -> str:
