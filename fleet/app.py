@@ -1,15 +1,17 @@
 """``Fleet``: the client. It registers workflows and steps, starts and steers runs,
 and reads them back; what it changes it changes through the store's ledger, then wakes
 a worker through the dispatcher. Celery's app is built in ``fleet.worker.celery_app``,
-a run's handle is ``fleet.handle.RunHandle``."""
+a run's handle is ``fleet.handle.RunHandle``, the async methods are ``fleet.aio_client``'s."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fleet.aio_client import AsyncClient, OffLoop
 from fleet.config import Settings
 from fleet.errors import BadInput
 from fleet.handle import RunHandle
@@ -35,11 +37,12 @@ MAX_RUN_ID = 200
 _UNSET: Any = object()
 
 
-class Fleet:
+class Fleet(AsyncClient):
     """A fleet application: register workflows and steps, enqueue runs, inspect them.
 
     Settings come from ``FLEET_*`` environment variables unless given here.
     ``fleet.celery`` is a real ``celery.Celery`` (``celery -A module worker`` works).
+    Async applications ``await`` the ``a``-methods (``aenqueue``, ``asignal``, ...).
     """
 
     def __init__(
@@ -72,7 +75,9 @@ class Fleet:
             dispatcher=Dispatcher(CelerySender(self.celery)),
         )
         register(self.celery, self.runtime)
+        self.off_loop = OffLoop()
         self._schema_checked = False
+        self._schema_lock = threading.Lock()  # async callers' first calls come at once
         if on_dead_letter is not None:
             self.on_dead_letter(on_dead_letter)
 
@@ -158,10 +163,13 @@ class Fleet:
         A server store is only ever migrated on purpose (``fleet db upgrade``)."""
         if self._schema_checked:
             return
-        # The store before the broker folder: the store's folder is created owner-only.
-        migrate.check(self.runtime.db, create=create and self.settings.is_sqlite)
-        prepare_broker(self.settings)
-        self._schema_checked = True
+        with self._schema_lock:
+            if self._schema_checked:
+                return
+            # The store before the broker folder: the store's folder is created owner-only.
+            migrate.check(self.runtime.db, create=create and self.settings.is_sqlite)
+            prepare_broker(self.settings)
+            self._schema_checked = True
 
     def upgrade_schema(self) -> None:
         migrate.upgrade(self.runtime.db)

@@ -1,9 +1,10 @@
 """``RunHandle``: what ``Fleet.enqueue`` and ``Fleet.run`` return. It holds a run id
 only and reads the store on every call, so a handle is never stale and costs nothing
-to keep."""
+to keep. Its ``a``-methods are for callers on an event loop (``fleet.aio_client``)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -39,16 +40,45 @@ class RunHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = poll
         while True:
-            row = self._row()
-            status = RunStatus(row.status)
-            if status == RunStatus.SUCCEEDED:
-                return self._fleet.runtime.payloads.load(row.result)
-            if status.finished:
-                raise RunFailed(self.id, status.value, row.error)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"run {self.id} still {status.value} after {timeout}s")
+            ended, value = self._ended(deadline, timeout)
+            if ended:
+                return value
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
+
+    async def aresult(self, timeout: float | None = 60.0, poll: float = 0.05) -> Any:
+        """``wait``, awaited: the run's return value, ``RunFailed`` or ``WaitTimeout``.
+        Between reads it sleeps on the loop (``asyncio.sleep``); each read is a short
+        call on the Fleet's threads, so a thousand waiters hold no thread while waiting."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = poll
+        while True:
+            ended, value = await self._fleet.off_loop.call(self._ended, deadline, timeout)
+            if ended:
+                return value
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def _ended(self, deadline: float | None, timeout: float | None) -> tuple[bool, Any]:
+        """One look at the run: ``(True, result)`` once it succeeded, ``RunFailed`` once
+        it ended otherwise, ``WaitTimeout`` past ``deadline``, else ``(False, None)``."""
+        row = self._row()
+        status = RunStatus(row.status)
+        if status == RunStatus.SUCCEEDED:
+            return True, self._fleet.runtime.payloads.load(row.result)
+        if status.finished:
+            raise RunFailed(self.id, status.value, row.error)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeout(f"run {self.id} still {status.value} after {timeout}s")
+        return False, None
+
+    async def astatus(self) -> str:
+        """``status``, awaited."""
+        return await self._fleet.off_loop.call(self.status)
+
+    async def asteps(self) -> list[StepInfo]:
+        """``steps``, awaited."""
+        return await self._fleet.off_loop.call(self.steps)
 
     def steps(self) -> list[StepInfo]:
         return [
