@@ -197,6 +197,10 @@ class Fleet(AsyncClient):
             not run_id or len(run_id) > MAX_RUN_ID or not run_id.isprintable()
         ):
             raise BadInput(f"run id {run_id!r} must be 1-{MAX_RUN_ID} printable characters")
+        if run_id is not None and "/" in run_id:
+            # A child run's id is "{parent}/{step}": one enqueued under it would stand in
+            # for a child its parent has yet to start, and the parent would wait forever.
+            raise BadInput(f"run id {run_id!r} has a '/': those are child runs' ids")
         rid = run_id or uuid.uuid4().hex
         pins = wf.encoded_pins()
         self.ensure_schema(create=True)

@@ -11,7 +11,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from fleet import Fleet
+import pytest
+
+from fleet import BadInput, Fleet
 from fleet.states import RunStatus, StepKind, StepStatus
 from fleet.worker.replay import advance
 from tests.e2e.test_cli import fleet_cli
@@ -243,3 +245,15 @@ def test_parallel_runs_a_child_workflow_beside_a_step(client: Fleet, inline: Inl
     inline.drain()
     assert run.wait(timeout=5) == [-2, 9]
     assert [c.id for c in _children(client, run.id)] == [f"{run.id}/sub"]
+
+
+def test_a_run_id_with_a_slash_is_refused_it_could_stand_in_for_a_child(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    parent = client.enqueue("parent", 2, run_id="p")
+    with pytest.raises(BadInput, match=r"^run id 'p/kid#1' has a '/': those are child runs' ids$"):
+        client.enqueue("kid", 1, run_id="p/kid#1")
+    inline.drain()
+    assert parent.wait(timeout=5)["child"] == 4, "its own child ran, not an impostor"
+    (child,) = _children(client, parent.id)
+    assert child.id == "p/kid#1" and child.workflow == "kid"
