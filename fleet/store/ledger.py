@@ -209,9 +209,13 @@ class Ledger(StepLedger):
         if settled.rowcount == 1 and self._branch_settled(conn, *key.values()):
             self._wake(conn, parent.parent_id)
 
-    def set_waiting(self, run_id: str) -> bool:
-        """set_waiting: running → waiting: the replay stopped at a wait, no worker held."""
-        return self._move_run(sql.SET_WAITING, run_id)
+    def set_waiting(self, run_id: str, seen_wake: int) -> bool:
+        """set_waiting: running → waiting: the replay stopped at a wait, no worker held.
+        False also if the run was woken after the replay read it (its ``wake_seq`` is
+        past ``seen_wake``): a newer replay is due, or has moved the run on already."""
+        with self.db.begin(self.tx) as conn:
+            params = {"b_run": run_id, "b_wake": seen_wake}
+            return conn.execute(sql.SET_WAITING, params).rowcount == 1
 
     def resume_run(self, run_id: str) -> bool:
         """resume_run: waiting → running, before a replay acts on a signal or a timer."""

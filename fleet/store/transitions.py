@@ -110,7 +110,9 @@ CREATE_RUN = {name: _create_run(dialect) for name, dialect in DIALECTS.items()}
 START_RUN = _run_move("start_run")
 
 # --- set_waiting: run running → waiting; resume_run: waiting → running --------------
-SET_WAITING = _run_move("set_waiting")
+# Only if no wake-up came since the replay read the run (``b_wake``, the wake_seq it
+# saw): a late replay must not park a run that a signal and a fresher replay moved on.
+SET_WAITING = _run_move("set_waiting").where(runs.c.wake_seq == bindparam("b_wake", type_=Integer))
 RESUME_RUN = _run_move("resume_run")
 
 # --- succeed_run | fail_run: run running → succeeded | failed -------------------------

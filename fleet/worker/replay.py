@@ -158,7 +158,7 @@ def _replay(
     except Suspend:
         ctx.flush()
         if ctx.waiting:
-            rt.ledger.set_waiting(run_id)
+            rt.ledger.set_waiting(run_id, run.wake_seq)
         if not ctx.answered:
             rt.ledger.mark_advanced(run_id, run.wake_seq)
         return replayed

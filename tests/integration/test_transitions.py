@@ -105,15 +105,23 @@ def test_start_run(client: Fleet) -> None:
 
 def test_set_waiting(client: Fleet) -> None:
     _run(client)
-    assert client.runtime.ledger.set_waiting("r1")
+    assert client.runtime.ledger.set_waiting("r1", _run_row(client).wake_seq)
     assert _run_row(client).status == RunStatus.WAITING
-    assert not client.runtime.ledger.set_waiting("r1"), "waiting is not running"
+    assert not client.runtime.ledger.set_waiting("r1", _run_row(client).wake_seq), (
+        "waiting is not running"
+    )
+    client.runtime.ledger.resume_run("r1")
+    seen = _run_row(client).wake_seq
+    with client.runtime.db.begin() as conn:  # a signal's wake-up, after the replay read it
+        conn.exec_driver_sql("UPDATE fleet_runs SET wake_seq = wake_seq + 1 WHERE id = 'r1'")
+    assert not client.runtime.ledger.set_waiting("r1", seen), "woken since it was read"
+    assert _run_row(client).status == RunStatus.RUNNING
 
 
 def test_resume_run(client: Fleet) -> None:
     _run(client)
     assert not client.runtime.ledger.resume_run("r1"), "running is not waiting"
-    assert client.runtime.ledger.set_waiting("r1")
+    assert client.runtime.ledger.set_waiting("r1", _run_row(client).wake_seq)
     assert client.runtime.ledger.resume_run("r1")
     assert _run_row(client).status == RunStatus.RUNNING
 
@@ -132,7 +140,7 @@ def test_succeed_run(client: Fleet) -> None:
 def test_fail_run(client: Fleet) -> None:
     _run(client)
     ledger = client.runtime.ledger
-    assert ledger.set_waiting("r1")
+    assert ledger.set_waiting("r1", _run_row(client).wake_seq)
     assert not ledger.finish_run("r1", RunStatus.FAILED, error="x"), "waiting is not running"
     assert ledger.resume_run("r1")
     assert ledger.finish_run("r1", RunStatus.FAILED, error="boom")
