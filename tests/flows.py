@@ -674,3 +674,56 @@ def counted_fan(wf: WorkflowContext, n: int, bad: list[int], tolerant: bool = Tr
     append_event("FLEET_TEST_LOG", type("Replay", (), seen), "replay")
     outs = wf.map(tally, [[i, bad] for i in range(n)], return_exceptions=tolerant)
     return [o if not isinstance(o, StepFailed) else f"dead {o.step_id}" for o in outs]
+
+
+# --- a parent's replay held where a test freezes it (brief S) -------------------------
+
+
+def hold_replay(wf: WorkflowContext, point: str, hold: list[str]) -> None:
+    """``hold`` is ``[where, folder]``. The first replay of the run to reach ``point``
+    when it is ``where`` (it creates ``folder/held-<point>`` to say so) logs "held" (step
+    "workflow", its pid) and waits, at most 60 s, for the file ``folder/release``, so a
+    test can freeze (SIGSTOP) the worker running it mid-replay; it logs "released" as it
+    goes on. Every other replay passes at once. It records nothing: the run's steps are
+    the same whichever replay is held, or none."""
+    where, folder = hold
+    if point != where:
+        return
+    marker = os.path.join(folder, f"held-{point}")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    seen = {"run_id": wf.run_id, "step_id": "workflow", "epoch": 0, "attempt": 0}
+    replay = type("Replay", (), seen)
+    append_event("FLEET_TEST_LOG", replay, "held", point=point)
+    release = os.path.join(folder, "release")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    append_event("FLEET_TEST_LOG", replay, "released", point=point)
+
+
+@fleet.workflow(version="1")
+def awaiting_kid(wf: WorkflowContext, i: int, wait: bool) -> int:
+    """A child: with ``wait``, it first waits for a "go" signal; then ``work`` on ``i``."""
+    if wait:
+        wf.wait_for("go")
+    return int(wf.step(work, i)["value"])
+
+
+@fleet.workflow(version="1")
+def held_brood(wf: WorkflowContext, n: int, hold: list[str]) -> dict[str, Any]:
+    """``n`` children at once (all but the first wait for "go"), then ``other`` over
+    their sum. A replay may be held (``hold_replay``) at "start" (no child recorded
+    yet), "first" (the first child's result in, the others not), "children" (all theirs
+    in, ``other`` not recorded) or "end" (``other`` done too: the run is about to succeed)."""
+    hold_replay(wf, "start", hold)
+    kids = [wf.start_child(awaiting_kid, i, i > 0, key=f"kid-{i}") for i in range(n)]
+    got = [int(kids[0].result())]
+    hold_replay(wf, "first", hold)
+    got += [int(k.result()) for k in kids[1:]]
+    hold_replay(wf, "children", hold)
+    after = int(wf.step(other, sum(got)))
+    hold_replay(wf, "end", hold)
+    return {"children": got, "after": after}
