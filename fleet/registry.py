@@ -17,6 +17,16 @@ from fleet.policy import RetryPolicy
 MAX_NAME = 200
 
 
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is declared to make a coroutine (``async def``, also behind
+    ``functools.partial``, or an object whose ``__call__`` is). A sync function that
+    returns one anyway (a decorator's wrapper) is found out at its first attempt, where
+    its step fails naming it."""
+    return inspect.iscoroutinefunction(fn) or (
+        not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+    )
+
+
 @dataclass(eq=False)
 class StepDef:
     """A registered step. Call it through ``wf.step(...)`` inside a workflow."""
@@ -29,8 +39,16 @@ class StepDef:
     idempotent: bool = False
     reconcile_fn: Callable[..., Any] | None = None
 
+    def __post_init__(self) -> None:
+        if inspect.isasyncgenfunction(self.fn):
+            raise BadInput(
+                f"step {self.name!r} is an async generator: a step returns one value; "
+                "declare it `async def` and return it"
+            )
+
     def reconcile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Register the function that asks the world whether an in-doubt effect happened."""
+        """Register the function that asks the world whether an in-doubt effect happened
+        (``async def`` or not, as the step may be)."""
         self.reconcile_fn = fn
         return fn
 
@@ -47,6 +65,15 @@ class WorkflowDef:
     version: str
     pins: Mapping[str, Any] = field(default_factory=dict)
     budget: Mapping[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        # A replay calls the workflow from the top and must see every step it asks for
+        # at once, in order, on the worker's thread: a coroutine would do neither.
+        if is_async(self.fn) or inspect.isasyncgenfunction(self.fn):
+            raise BadInput(
+                f"workflow {self.name!r} is `async def`: a workflow is a plain function "
+                "replayed deterministically; make its steps `async def` instead"
+            )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"workflow {self.name!r} runs durably: start it with fleet.enqueue(...)")

@@ -727,3 +727,166 @@ def held_brood(wf: WorkflowContext, n: int, hold: list[str]) -> dict[str, Any]:
     after = int(wf.step(other, sum(got)))
     hold_replay(wf, "end", hold)
     return {"children": got, "after": after}
+
+
+# --- async steps (brief A) ---------------------------------------------------------------
+# ``async def`` steps run on the worker process's one event loop. Each logs where it ran
+# (``loop``: pid and the loop's id), and "cancelled" when its task is cancelled.
+
+
+def _where() -> str:
+    import asyncio
+
+    return f"{os.getpid()}:{id(asyncio.get_running_loop())}"
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=5, initial_delay=0.1, max_delay=1.0))
+async def anap(ctx: StepContext, i: int, seconds: float = 0.0, hold: float = 0.0) -> dict[str, Any]:
+    """``work`` awaited: i², after ``seconds``; the first attempt awaits ``hold`` more
+    (to be killed, frozen or cancelled in it)."""
+    import asyncio
+
+    await ctx.arecord_usage(model="stand-in", input_tokens=10, output_tokens=i, cost=0.001)
+    log_event(ctx, "start", i=i, loop=_where())
+    try:
+        await asyncio.sleep(seconds + (hold if ctx.attempt == 1 else 0.0))
+    except asyncio.CancelledError:
+        log_event(ctx, "cancelled", i=i)
+        raise
+    log_event(ctx, "end", i=i, loop=_where())
+    return {"i": i, "value": i * i, "epoch": ctx.epoch, "loop": _where()}
+
+
+@fleet.workflow(version="1")
+def async_chain(wf: WorkflowContext, n: int, hold_at: int = -1, hold: float = 0.0) -> int:
+    """A sync ``work`` first, then ``n`` async steps in turn (the ``hold_at``-th holding
+    its first attempt ``hold`` seconds), then ``other``: the sum of their squares."""
+    wf.step(work, 0)
+    total = sum(
+        int(wf.step(anap, i, 0.0, hold if i == hold_at else 0.0)["value"]) for i in range(n)
+    )
+    wf.step(other, total)
+    return total
+
+
+@fleet.workflow(version="1")
+def async_pair(wf: WorkflowContext, seconds: float) -> list[str]:
+    """Two async steps at once, each awaiting ``seconds``: the loops they ran on."""
+    outs = wf.parallel(wf.call(anap, 1, seconds), wf.call(anap, 2, seconds))
+    return [str(o["loop"]) for o in outs]
+
+
+@fleet.step(retry=RetryPolicy(max_attempts=5, initial_delay=0.1, max_delay=1.0))
+async def aflaky(ctx: StepContext, fails: int) -> int:
+    """Asks for a retry (``Retry``) on its first ``fails`` attempts; then its attempt."""
+    import asyncio
+
+    log_event(ctx, "start")
+    await asyncio.sleep(0.01)
+    if ctx.attempt <= fails:
+        raise Retry(delay=0.05, reason=f"attempt {ctx.attempt} asks again")
+    return ctx.attempt
+
+
+@fleet.step
+async def arefuse(ctx: StepContext, why: str) -> None:
+    import asyncio
+
+    log_event(ctx, "start")
+    await asyncio.sleep(0.01)
+    raise NonRetryable(why)
+
+
+@fleet.workflow(version="1")
+def async_policy(wf: WorkflowContext, fails: int, why: str) -> dict[str, Any]:
+    """An async step retried ``fails`` times, then one refused (caught as ``StepFailed``)."""
+    took = wf.step(aflaky, fails)
+    try:
+        wf.step(arefuse, why)
+    except StepFailed as exc:
+        return {"took": took, "refused": exc.error}
+    return {"took": took, "refused": None}
+
+
+def _lost_its_async(fn: Any) -> Any:
+    """A decorator written for sync functions: its wrapper is not ``async def``."""
+
+    def wrapper(ctx: StepContext, *args: Any) -> Any:
+        return fn(ctx, *args)
+
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+@fleet.step
+@_lost_its_async
+async def wrapped_fetch(ctx: StepContext) -> int:
+    log_event(ctx, "start")
+    return 1
+
+
+@fleet.workflow(version="1")
+def async_wrapped(wf: WorkflowContext) -> int:
+    return int(wf.step(wrapped_fetch))
+
+
+@fleet.workflow(version="1")
+def async_frozen(wf: WorkflowContext, first: float, later: float) -> int:
+    """``frozen`` with an async step: its first attempt awaits past its lease."""
+    wf.step(work, 1)
+    held = wf.step(alinger, first, later)
+    wf.step(work, 2)
+    return int(held["epoch"])
+
+
+@fleet.step
+async def alinger(ctx: StepContext, first: float, later: float) -> dict[str, Any]:
+    """Awaits ``first`` seconds on attempt 1 and ``later`` on every other attempt."""
+    import asyncio
+
+    log_event(ctx, "start")
+    try:
+        await asyncio.sleep(first if ctx.attempt == 1 else later)
+    except asyncio.CancelledError:
+        log_event(ctx, "cancelled")
+        raise
+    log_event(ctx, "end")
+    return {"epoch": ctx.epoch}
+
+
+async def _asend(ctx: StepContext, body: str, die_after: bool) -> dict[str, Any]:
+    import asyncio
+
+    log_event(ctx, "start")
+    await asyncio.sleep(0.01)
+    receipt = provider_apply(ctx.idempotency_key, body)
+    if die_after and ctx.attempt == 1:
+        os.kill(os.getpid(), 9)  # the effect reached the provider; the checkpoint did not
+    await asyncio.sleep(0.01)
+    return receipt
+
+
+@fleet.step(effect=True, idempotent=True)
+async def asend_idempotent(ctx: StepContext, body: str, die_after: bool = False) -> dict[str, Any]:
+    return await _asend(ctx, body, die_after)
+
+
+@fleet.step(effect=True)
+async def asend_reconciled(ctx: StepContext, body: str, die_after: bool = False) -> dict[str, Any]:
+    return await _asend(ctx, body, die_after)
+
+
+@asend_reconciled.reconcile
+async def asend_reconciled_lookup(ctx: StepContext) -> dict[str, Any] | None:
+    import asyncio
+
+    log_event(ctx, "reconcile", loop=_where())
+    await asyncio.sleep(0.01)
+    return provider_lookup(ctx.idempotency_key)
+
+
+@fleet.workflow(version="1")
+def async_notify(wf: WorkflowContext, how: str, body: str, die_after: bool = False) -> Any:
+    sender = {"idempotent": asend_idempotent, "reconciled": asend_reconciled}[how]
+    wf.step(work, 1)
+    return dict(wf.step(sender, body, die_after))

@@ -26,6 +26,7 @@ from fleet.states import Incident, IntentOutcome
 from fleet.store.engine import CommitUnknown
 from fleet.store.ledger import Committed, Lease, TakeRefused
 from fleet.worker import process
+from fleet.worker.aio import Runner
 from fleet.worker.context import Attempt, StepContext
 from fleet.worker.effects import Gate, Reconciled, effect_gate
 from fleet.worker.failures import failed, refused, replay_here
@@ -113,8 +114,10 @@ def perform(att: Attempt) -> Output | None:
     is retried or dead-lettered here; None: nothing to commit."""
     rt, sd, lease = att.rt, att.sd, att.lease
     # Redacting: the secrets this attempt uses never show in what it records or logs.
-    with Heartbeat(rt, lease, process.current().beater) as hb, redacting() as redact:
+    proc = process.current()
+    with Heartbeat(rt, lease, proc.beater) as hb, redacting() as redact:
         ctx = StepContext(rt, lease, hb, codec.decode(att.run.pins))
+        call = Runner(proc.loop, hb, sd.name)  # an async def on the process's loop
         what = f"output of step {lease.step_id}"
         try:
             # Loaded first: an input that cannot be (PayloadError) is dead-lettered at
@@ -123,12 +126,12 @@ def perform(att: Attempt) -> Output | None:
             with transcripts.reading(StepReader(rt, att.run)):
                 args, kwargs = rt.payloads.load_call(lease.input, f"input of step {lease.step_id}")
             redact.watch((args, kwargs))
-            gate = effect_gate(att, ctx) if sd.effect else Gate.RUN
+            gate = effect_gate(att, ctx, call) if sd.effect else Gate.RUN
             if gate is Gate.STOP:
                 return None
             if isinstance(gate, Reconciled):
                 return Output(rt.payloads.dump(gate.output, what), gate.settles)
-            return Output(rt.payloads.dump(sd.fn(ctx, *args, **kwargs), what))
+            return Output(rt.payloads.dump(call(sd.fn, ctx, *args, **kwargs), what))
         except Exception as exc:
             failure: Exception = exc
         # Outside the except clause: an error recording the failure must not carry the

@@ -4,6 +4,7 @@ see CONTRACT.md; ``LeaseLost`` when another attempt has taken the step over)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,3 +84,14 @@ class StepContext:
             output_tokens=int(output_tokens),
             cost=float(cost),
         )
+
+    async def arecord_usage(
+        self,
+        model: str | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cost: float = 0.0,
+    ) -> None:
+        """``record_usage`` for an ``async def`` step: the same write, awaited, made on
+        the loop's executor so the loop serves the process's other steps meanwhile."""
+        await asyncio.to_thread(self.record_usage, model, input_tokens, output_tokens, cost)

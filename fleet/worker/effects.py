@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -19,6 +20,10 @@ from fleet.states import IntentOutcome
 from fleet.worker.context import Attempt, StepContext
 
 log = logging.getLogger("fleet.attempt")
+
+
+def _plain(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
 
 
 class Gate(Enum):
@@ -34,14 +39,17 @@ class Reconciled:
     settles: IntentOutcome = IntentOutcome.RECONCILED
 
 
-def effect_gate(att: Attempt, ctx: StepContext) -> Gate | Reconciled:
+def effect_gate(
+    att: Attempt, ctx: StepContext, call: Callable[..., Any] | None = None
+) -> Gate | Reconciled:
     """Before an effect's body runs: settle what earlier attempts may have done, then
-    write this attempt's intent. Never retries an effect on a guess."""
+    write this attempt's intent. Never retries an effect on a guess. ``call`` calls
+    the reconcile hook (``aio.Runner``: an ``async def`` one runs on the process's loop)."""
     rt, sd, lease = att.rt, att.sd, att.lease
     run_id, step_id = lease.run_id, lease.step_id
     if rt.queries.in_doubt(run_id, step_id, before_epoch=lease.epoch):
         if sd.reconcile_fn is not None:
-            found = sd.reconcile_fn(ctx)
+            found = (call or _plain)(sd.reconcile_fn, ctx)
             if found is not None:
                 log.info("effect %s of run %s: reconcile found it happened", step_id, run_id)
                 return Reconciled(found)

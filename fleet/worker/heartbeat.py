@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fleet.errors import FleetError
@@ -39,6 +39,10 @@ class Heartbeat:
         # none is written after the attempt's own commit.
         self._lock = threading.Lock()
         self._held = False
+        # Called once when the store says the lease is lost (an async step's task is
+        # cancelled by one); not on ``release``, after which the attempt may still commit.
+        self._on_lost: list[Callable[[], object]] | None = []
+        self._on_lost_lock = threading.Lock()
 
     def beat(self) -> bool:
         if self.lost.is_set():
@@ -55,6 +59,7 @@ class Heartbeat:
             return True
         if not ok:
             self.lost.set()
+            self._fire_lost()
             log.warning(
                 "step %s of run %s lost its lease (epoch %d)",
                 self.lease.step_id,
@@ -62,6 +67,24 @@ class Heartbeat:
                 self.lease.epoch,
             )
         return ok
+
+    def when_lost(self, fn: Callable[[], object]) -> None:
+        """Call ``fn`` as soon as a renewal finds the lease lost (from the thread that
+        renewed it), or now if one already has."""
+        with self._on_lost_lock:
+            if self._on_lost is not None:
+                self._on_lost.append(fn)
+                return
+        fn()
+
+    def _fire_lost(self) -> None:
+        with self._on_lost_lock:
+            callbacks, self._on_lost = self._on_lost or [], None
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:  # the lease is lost either way; the others still run
+                log.exception("acting on the lost lease of %s failed", self.lease.step_id)
 
     def renew_if_held(self) -> None:
         """The beater's renewal: skipped once the attempt has left."""

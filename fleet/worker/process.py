@@ -1,11 +1,12 @@
 """What a worker process holds across the Fleets built in it, in one object.
 
-A process has one heartbeat thread (``Beater``), one ``stopping`` flag (set when a warm
+A process has one heartbeat thread (``Beater``), one event loop for async steps
+(``EventLoop``, in a thread of its own), one ``stopping`` flag (set when a warm
 shutdown begins: tasks stop running further steps inline) and the Fleets registered in
 it, which its one shutdown handler serves (a worker module may import another that
 builds its own Fleet). ``current()`` is the process's one ``Process``, created on first
-use. A forked child (Celery's prefork pool) inherits it; its beater starts a thread of
-its own there on first use, since threads do not survive fork.
+use. A forked child (Celery's prefork pool) inherits it; its beater and its loop start
+threads of their own there on first use, since threads do not survive fork.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 import weakref
 from typing import Any
 
+from fleet.worker.aio import EventLoop
 from fleet.worker.heartbeat import Beater, release_leases
 from fleet.worker.runtime import Runtime
 
@@ -23,6 +25,7 @@ class Process:
 
     def __init__(self) -> None:
         self.beater = Beater()
+        self.loop = EventLoop()  # where async steps run; its thread made on first use
         self.stopping = threading.Event()
         # Each registered runtime with its Celery app, both held weakly: a Fleet built
         # and dropped (a test's, the demo's scratch one) is not kept alive by the process.

@@ -1,0 +1,177 @@
+"""``bench.io_bound`` with ``async def`` steps (issue #20): how many concurrent awaiting
+steps one threads-pool worker process sustains.
+
+Every step awaits ``asyncio.sleep(seconds)`` (a stand-in for an async model call) on the
+worker process's one event loop; each slot's thread only waits for its coroutine. The
+limit is ``min(slots, runs in flight) / step latency`` steps/s; the figure is achieved
+steps/s over it (the issue's target: >= 0.9 at 500), with the wall time read from the
+store, and the worker's CPU per step beside the sync figure of ``bench.io_bound``.
+
+    .venv/bin/python -m bench.async_steps [--reps 2] [--only "async c=100,async c=500"]
+    .venv/bin/python -m bench.async_steps --reps 1 --runs 20 --steps 2   # smoke test
+
+Workers load this module (``-A bench.async_steps``). No sweeper. One Redis database
+(``--redis-db``, 14 by default). Figures printed and written to
+``bench/out/async_steps.json``; nothing asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from dataclasses import asdict, replace
+from typing import Any
+
+from bench.common import percentile, processes, save, services, wait_until
+from bench.io_bound import Batch, Config, counters, finished, first_steps_ms, gaps_ms, query
+from bench.io_bound import report as io_report
+from fleet import Fleet, RetryPolicy, Settings, StepContext, WorkflowContext
+from fleet.testing import WORKER_READY, worker_argv
+
+APP = "bench.async_steps"
+
+fleet = Fleet("benchasync", default_retry=RetryPolicy(max_attempts=3, initial_delay=0.1))
+celery_app = fleet.celery
+
+
+@fleet.step
+async def amodel_call(ctx: StepContext, i: int, seconds: float) -> int:
+    """A stand-in for an async model call: ``seconds`` awaited on the process's loop."""
+    await asyncio.sleep(seconds)
+    return i
+
+
+@fleet.workflow
+def aagent(wf: WorkflowContext, steps: int, seconds: float) -> int:
+    """An agent loop of ``steps`` async model calls, one after another."""
+    for i in range(steps):
+        wf.step(amodel_call, i, seconds)
+    return steps
+
+
+CONFIGS = (
+    Config("async c=100", "threads", 100, 100, 20),
+    Config("async c=200", "threads", 200, 200, 10),
+    Config("async c=500", "threads", 500, 500, 4),
+)
+DEFAULT = tuple(c.label for c in CONFIGS)
+
+
+def peak_concurrency(attempts: list[Any]) -> int:
+    """The most attempts running at one moment (by the store's clock)."""
+    edges = sorted(
+        [(a.started_at, 1) for a in attempts]
+        + [(a.finished_at, -1) for a in attempts if a.finished_at is not None],
+        key=lambda edge: (edge[0], edge[1]),  # an end before a start at the same instant
+    )
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+PEAKS: dict[str, list[int]] = {}
+
+
+def measure(client: Fleet, cfg: Config, seconds: float, timeout: float, pids: list[int]) -> Batch:
+    """One batch of ``cfg.runs`` runs enqueued at once, its figures from the store (and
+    its peak of attempts running at once, kept in ``PEAKS``)."""
+    before = counters(client, pids)
+    t0 = time.perf_counter()
+    ids = [client.enqueue(aagent, cfg.steps, seconds).id for _ in range(cfg.runs)]
+    enqueue_s = time.perf_counter() - t0
+    wait_until(lambda: finished(client, ids) == len(ids), timeout, "the runs to end", 0.25)
+    time.sleep(1.0)  # let Postgres flush its statistics
+    used = counters(client, pids) - before
+    (span,) = query(
+        client,
+        "SELECT max(finished_at) - min(created_at) AS wall, "
+        "count(*) FILTER (WHERE status <> 'succeeded') AS failed "
+        "FROM fleet_runs WHERE id = ANY(:ids)",
+        ids=ids,
+    )
+    attempts = query(
+        client,
+        "SELECT a.run_id, a.step_id, a.started_at, a.finished_at, r.created_at "
+        "FROM fleet_attempts a JOIN fleet_runs r ON r.id = a.run_id "
+        "WHERE a.run_id = ANY(:ids) ORDER BY a.run_id, a.started_at",
+        ids=ids,
+    )
+    gaps, extra = gaps_ms(attempts)
+    PEAKS.setdefault(cfg.label, []).append(peak_concurrency(attempts))
+    total = cfg.runs * cfg.steps
+    rate = total / span.wall
+    return Batch(
+        cfg.runs,
+        cfg.steps,
+        enqueue_s,
+        span.wall,
+        rate,
+        rate / cfg.limit(seconds),
+        percentile(gaps, 50),
+        percentile(gaps, 99),
+        percentile(first_steps_ms(attempts), 50),
+        extra,
+        int(span.failed),
+        used.cpu_s * 1000 / total,
+        used.commits / total,
+        used.sessions,
+    )
+
+
+def run_config(cfg: Config, reps: int, seconds: float, redis_db: int) -> dict[str, Any]:
+    """A fresh store and worker for ``cfg``: a warm-up batch, then ``reps`` measured."""
+    with services(f"async_{cfg.concurrency}", redis_db=redis_db) as svc:
+        client = fleet.with_settings(Settings.from_env(svc.env()))
+        client.upgrade_schema()
+        argv = worker_argv(APP, cfg.concurrency, cfg.pool)
+        with processes(svc, [("worker1", argv)], WORKER_READY) as procs:
+            pids = [p.pid for p in procs]
+            warm = measure(client, replace(cfg, runs=min(20, cfg.runs), steps=1), seconds, 60, pids)
+            timeout = cfg.steps * seconds * 20 + 60
+            batches = [measure(client, cfg, seconds, timeout, pids) for _ in range(reps)]
+    return {"config": asdict(cfg), "probe": asdict(warm), "batches": [asdict(b) for b in batches]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--runs", type=int, help="runs per batch, every configuration")
+    p.add_argument("--steps", type=int, help="steps per run, every configuration")
+    p.add_argument("--seconds", type=float, default=1.0, help="latency of one step")
+    p.add_argument("--redis-db", type=int, default=14)
+    p.add_argument("--only", default=",".join(DEFAULT), help="labels: " + ", ".join(DEFAULT))
+    args = p.parse_args()
+    configs = [
+        replace(c, runs=args.runs or c.runs, steps=args.steps or c.steps)
+        for c in CONFIGS
+        if c.label in args.only.split(",")
+    ]
+    load = os.getloadavg()
+    results = []
+    for cfg in configs:
+        print(f"{cfg.label}: {cfg.runs} runs x {cfg.steps} steps, {args.reps} rep(s)...")
+        results.append(run_config(cfg, args.reps, args.seconds, args.redis_db))
+    summary = io_report(results, args.seconds)
+    print("peak attempts awaiting at once (warm-up, then each batch):")
+    for label, peaks in PEAKS.items():
+        print(f"  {label:<13} {peaks}")
+    path = save(
+        "async_steps",
+        {
+            "seconds": args.seconds,
+            "loadavg_before": load,
+            "loadavg_after": os.getloadavg(),
+            "summary": summary,
+            "peaks": PEAKS,
+            "results": results,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

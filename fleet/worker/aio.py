@@ -1,0 +1,185 @@
+"""The worker process's event loop, where ``async def`` steps (and reconcile hooks) run.
+
+One loop per process, in its own daemon thread, created on first use and again in a
+forked child (Celery's prefork pool: threads do not survive fork). Every slot of the
+process submits to it, so a client created once (``httpx.AsyncClient``, ``AsyncOpenAI``)
+is reused by every step the process runs. The slot's thread submits the coroutine and
+waits for its outcome; everything else an attempt does (lease, effect gate, commit)
+stays on that thread, as for a sync step. Sync steps never run on the loop, so none
+can block it.
+
+When a renewal finds the lease lost (the run cancelled, the step taken over), the
+coroutine's task is cancelled at once (``Heartbeat.when_lost``) and the attempt ends as
+a sync step that lost its lease does (``LeaseLost``: its write is fenced).
+
+Not on a gevent pool: under its monkey-patching the loop's thread, locks and sockets
+would be greenlets' and the loop would stall the hub, so an async step there fails at
+once with one line saying so (run such a worker with ``--pool threads`` or prefork).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fleet.errors import NonRetryable
+from fleet.registry import is_async
+from fleet.worker.context import LeaseLost
+from fleet.worker.heartbeat import Heartbeat
+
+log = logging.getLogger("fleet.attempt")
+
+# How often a waiting slot checks that the loop's thread is still alive.
+_ALIVE_CHECK = 1.0
+
+
+class EventLoop:
+    """The process's one event loop and its thread, (re)created on first use in each
+    process; ``run`` waits on the calling thread for one coroutine's outcome."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def current(self) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+        """This process's loop and its thread, started if this process has none yet."""
+        with self._lock:
+            alive = self._thread is not None and self._thread.is_alive()
+            if self._loop is None or self._pid != os.getpid() or not alive:
+                # A forked child's copy is left alone: it was running in a thread that
+                # is not in this process, so it cannot even be closed.
+                self._pid = os.getpid()
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=_serve, args=(self._loop,), name="fleet-asyncio", daemon=True
+                )
+                self._thread.start()
+            assert self._thread is not None
+            return self._loop, self._thread
+
+    def run(self, coro: Coroutine[Any, Any, Any], hb: Heartbeat, what: str) -> Any:
+        """Run ``coro`` on the loop to its end and return what it returned or raise what
+        it raised; ``LeaseLost`` if ``hb``'s lease was lost and its task cancelled."""
+        loop, thread = self.current()
+        # The slot's context (its log context, the redactor of the secrets it reveals)
+        # goes with the coroutine, named here rather than left to where the task is made.
+        call = _Call(coro, contextvars.copy_context())
+        loop.call_soon_threadsafe(call.start, loop)
+        # After start, on the same loop: a cancel always finds the task made.
+        hb.when_lost(lambda: loop.call_soon_threadsafe(call.cancel))
+        while not call.done.wait(_ALIVE_CHECK):
+            if not thread.is_alive():
+                raise RuntimeError(f"{what}: the worker's event loop stopped")
+        return call.outcome(hb, what)
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    loop.run_forever()
+
+
+class _Call:
+    """One coroutine on the loop: its task, and its outcome for the waiting slot.
+    ``start`` and ``cancel`` run on the loop's thread, in the order they were sent."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
+        self.coro = coro
+        self.context = context
+        self.done = threading.Event()
+        self.task: asyncio.Task[Any] | None = None
+        self.lost = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            self.task = loop.create_task(_contained(self.coro), context=self.context)
+        except BaseException as exc:  # the slot must not wait for a task never made
+            self.coro.close()
+            self.error = exc
+            self.done.set()
+            return
+        self.task.add_done_callback(self._finished)
+
+    def cancel(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.lost = True
+            self.task.cancel()
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self.coro.close()  # a no-op once it ran; cancelled before it began: no warning
+        if task.cancelled():
+            self.error = asyncio.CancelledError()
+        elif (exc := task.exception()) is not None:
+            self.error = exc
+        else:
+            self.value = task.result()
+        self.done.set()
+
+    def outcome(self, hb: Heartbeat, what: str) -> Any:
+        if self.lost and self.error is not None:  # however the step let the cancel out
+            lease = hb.lease
+            log.warning(
+                "step %s of run %s lost its lease while awaiting: its coroutine was cancelled",
+                lease.step_id,
+                lease.run_id,
+            )
+            raise LeaseLost(
+                f"step {lease.step_id} of run {lease.run_id} lost its lease (epoch "
+                f"{lease.epoch}) while awaiting: its coroutine was cancelled"
+            )
+        if isinstance(self.error, asyncio.CancelledError):
+            # Cancelled by the step's own code, not by fleet: an ordinary failure.
+            raise RuntimeError(f"{what}: its coroutine was cancelled")
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+async def _contained(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Await the step's coroutine. KeyboardInterrupt and SystemExit escape a task into
+    the loop and would stop it for every slot: here they are the step's failure."""
+    try:
+        return await coro
+    except (KeyboardInterrupt, SystemExit) as exc:
+        raise RuntimeError(f"the step raised {type(exc).__name__}") from exc
+
+
+def _under_gevent() -> bool:
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and bool(monkey.is_module_patched("threading"))
+
+
+class Runner:
+    """How one attempt calls the user's functions (its body, its reconcile hook): an
+    ``async def`` on the process's loop while this thread waits, a sync one here. Each
+    is given the step's context first, as the step is."""
+
+    def __init__(self, loop: EventLoop, hb: Heartbeat, step: str) -> None:
+        self._loop = loop
+        self._hb = hb
+        self._step = step
+
+    def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if is_async(fn):
+            if _under_gevent():
+                raise NonRetryable(
+                    f"step {self._step!r} is `async def`, which a gevent pool cannot run: "
+                    "run its worker with --pool threads or prefork"
+                )
+            return self._loop.run(fn(*args, **kwargs), self._hb, f"step {self._step!r}")
+        out = fn(*args, **kwargs)
+        if inspect.isawaitable(out):
+            if inspect.iscoroutine(out):
+                out.close()  # never awaited, on purpose: no warning about it
+            raise NonRetryable(f"step {self._step!r} returned a coroutine: declare it `async def`")
+        return out
