@@ -86,21 +86,29 @@ class _Completions:
 
     async def _recorded_later(self, pending: Any, kwargs: dict[str, Any]) -> Any:
         response = await pending
-        self._record(response, kwargs)
+        # In an async def step: the write on a thread, not on the loop every step shares.
+        arecord = getattr(self._ctx, "arecord_usage", None)
+        if arecord is not None:
+            await arecord(**self._usage(response, kwargs))
+        else:
+            self._record(response, kwargs)
         return response
 
     def _record(self, response: Any, kwargs: dict[str, Any]) -> None:
+        self._ctx.record_usage(**self._usage(response, kwargs))
+
+    def _usage(self, response: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         usage = _field(response, "usage")
         model = _field(response, "model") or kwargs.get("model")
         tin = int(_field(usage, "prompt_tokens", 0) or 0) if usage is not None else 0
         tout = int(_field(usage, "completion_tokens", 0) or 0) if usage is not None else 0
         price_in, price_out = self._prices.get(str(model), (0.0, 0.0))
-        self._ctx.record_usage(
-            model=model,
-            input_tokens=tin,
-            output_tokens=tout,
-            cost=tin * price_in + tout * price_out,
-        )
+        return {
+            "model": model,
+            "input_tokens": tin,
+            "output_tokens": tout,
+            "cost": tin * price_in + tout * price_out,
+        }
 
 
 class _Chat:

@@ -216,3 +216,21 @@ def test_the_official_async_client_is_pinned_and_recorded() -> None:
     assert asyncio.run(calls(sink)) == "ok"
     assert [b["model"] for b in sent] == ["pinned-model"]
     assert sink.usage == [{"model": "pinned-model-2026-10-01", "in": 11, "out": 5, "cost": 0.0}]
+
+
+def test_an_async_client_in_an_async_step_records_off_the_loop() -> None:
+    """A sink with ``arecord_usage`` (an async def step's context) has it awaited: the
+    store write goes to a thread, never the sync call on the loop every step shares."""
+
+    class AsyncSink(Sink):
+        def record_usage(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("the sync record_usage blocked the loop")
+
+        async def arecord_usage(self, **kwargs: Any) -> None:
+            await asyncio.sleep(0)
+            Sink.record_usage(self, **kwargs)
+
+    sink, client = AsyncSink(pins={"model": PIN}), FakeAsyncClient()
+    llm = recording(client, sink)
+    asyncio.run(llm.chat.completions.create(messages=MESSAGES))
+    assert sink.usage == [{"model": PIN, "in": 7, "out": 3, "cost": 0.0}]
