@@ -135,17 +135,18 @@ def refused(rt: Runtime, run: RunRow, step_id: str, why: TakeRefused) -> None:
 def _resend_when_due(rt: Runtime, run: RunRow, step_id: str) -> None:
     """A retry's countdown message came before its due time on the store's clock (the
     worker's clock runs ahead): send it again for the remaining time rather than leave
-    it to the sweeper's grace period."""
+    it to the sweeper's grace period. Due by the time this looks (the refusal and this
+    read straddled the due time): sent again at once, not dropped."""
     step = rt.queries.step(run.id, step_id)
     if step is None or step.due_at is None:
         return
     remaining = step.due_at - rt.queries.now()
-    if 0 < remaining <= countdown_limit(rt):
+    if remaining <= countdown_limit(rt):
         rt.dispatcher.execute(
             run.id,
             step_id,
             run.queue,
-            countdown=remaining + 0.01,
+            countdown=max(remaining, 0.0) + 0.01,
             shadow=step_shadow(run.workflow, step.name),
         )
 

@@ -6,7 +6,7 @@ import pytest
 
 from fleet import Fleet, RunFailed
 from tests.e2e.test_cli import fleet_cli
-from tests.harness import Backend, Cluster, poll, starts
+from tests.harness import Backend, Cluster, InlineBroker, poll, starts
 
 
 def test_fails_twice_then_succeeds_with_policy_delays(
@@ -148,3 +148,24 @@ def test_bulk_replay_and_replay_with_edited_input(
         assert run.wait(timeout=60) == [0, 10, 20, 30, 40]
     assert client.dead_letters() == []
     assert len(client.dead_letters(include_replayed=True)) == 3
+
+
+def test_a_retry_delivered_early_is_sent_again_if_due_by_the_time_it_looks(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    """The refusal (not due) and the read of how long is left straddled the due time:
+    the message is sent again at once, not dropped (only the sweeper would find it)."""
+    from fleet.store.ledger import TakeRefused
+    from fleet.store.schema import steps
+    from fleet.worker.failures import refused
+    from tests.integration.test_transitions import STEP, _force, _lease, _run, _run_row, _step_row
+
+    _run(client)
+    lease = _lease(client)
+    ledger = client.runtime.ledger
+    assert ledger.schedule_retry("r1", STEP, lease.epoch, 60, "E: x", countdown=False)
+    assert ledger.take_lease("r1", STEP, "w", 30) is TakeRefused.NOT_DUE
+    _force(client, steps, due_at=_step_row(client).due_at - 120)  # due by now
+    inline.sent.clear()
+    refused(client.runtime, _run_row(client), STEP, TakeRefused.NOT_DUE)
+    assert inline.sent == [("fleet.execute", ["r1", STEP])]
