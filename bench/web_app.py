@@ -1,0 +1,62 @@
+"""The FastAPI example (``tasks/web.py``) with a probe of its own event loop, for
+``bench/web.py``: a ticker coroutine sleeps ``TICK`` seconds at a time and keeps how late
+each wake-up was; ``GET /lag`` returns them (and clears them). ``POST /runs-blocking``
+enqueues with the sync client on the loop, the mistake the async client is for;
+``POST /runs-noop`` does no fleet call at all (what the web stack alone costs the loop).
+
+    uvicorn bench.web_app:app
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header
+
+from tasks.app import fleet
+from tasks.web import create_app
+
+TICK = 0.005
+LATE: list[float] = []  # seconds each tick woke after it was due
+
+
+async def _ticker() -> None:
+    while True:
+        due = time.perf_counter() + TICK
+        await asyncio.sleep(TICK)
+        LATE.append(max(0.0, time.perf_counter() - due))
+
+
+@asynccontextmanager
+async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    task = asyncio.create_task(_ticker())
+    yield
+    task.cancel()
+
+
+app = create_app(fleet)
+app.router.lifespan_context = _lifespan
+
+
+@app.get("/lag")
+async def lag() -> dict[str, Any]:
+    """How late the ticker woke, in seconds, since the last call (then cleared)."""
+    late, LATE[:] = list(LATE), []
+    return {"late": late}
+
+
+@app.post("/runs-blocking", status_code=202)
+async def start_blocking(idempotency_key: Annotated[str, Header()]) -> dict[str, str]:
+    """``POST /runs`` done wrong: the sync ``enqueue`` called on the loop."""
+    run = fleet.enqueue("agent", run_id="web-" + idempotency_key)
+    return {"run_id": run.id}
+
+
+@app.post("/runs-noop", status_code=202)
+async def start_nothing(idempotency_key: Annotated[str, Header()]) -> dict[str, str]:
+    """The same request, no fleet call: the web stack's own share of the loop."""
+    return {"run_id": "web-" + idempotency_key}
