@@ -19,7 +19,7 @@ from fleet.errors import FleetError
 from fleet.policy import Verdict, classify
 from fleet.records import DeadLetterInfo
 from fleet.secrets import Redactor
-from fleet.states import Incident
+from fleet.states import Incident, StepStatus
 from fleet.store.ledger import TakeRefused
 from fleet.store.queries import Snapshot
 from fleet.store.rows import RunRow
@@ -135,12 +135,15 @@ def refused(rt: Runtime, run: RunRow, step_id: str, why: TakeRefused) -> None:
 def _resend_when_due(rt: Runtime, run: RunRow, step_id: str) -> None:
     """A retry's countdown message came before its due time on the store's clock (the
     worker's clock runs ahead): send it again for the remaining time rather than leave
-    it to the sweeper's grace period. Due by the time this looks (the refusal and this
-    read straddled the due time): sent again at once, not dropped."""
+    it to the sweeper's grace period. A retry due by the time this looks (the refusal
+    and this read straddled the due time) is sent again at once, not dropped; a step
+    refused for another reason (in doubt, say) is not: it would come back refused."""
     step = rt.queries.step(run.id, step_id)
     if step is None or step.due_at is None:
         return
     remaining = step.due_at - rt.queries.now()
+    if remaining <= 0 and step.status is not StepStatus.RETRY_WAIT:
+        return
     if remaining <= countdown_limit(rt):
         rt.dispatcher.execute(
             run.id,

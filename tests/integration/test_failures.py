@@ -169,3 +169,25 @@ def test_a_retry_delivered_early_is_sent_again_if_due_by_the_time_it_looks(
     inline.sent.clear()
     refused(client.runtime, _run_row(client), STEP, TakeRefused.NOT_DUE)
     assert inline.sent == [("fleet.execute", ["r1", STEP])]
+
+
+def test_a_step_refused_as_not_due_for_another_reason_is_not_sent_again_at_once(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    """An effect in doubt is refused as not due too; its past due time must not make a
+    message that comes straight back refused, again and again."""
+    from fleet.states import StepStatus
+    from fleet.store.ledger import TakeRefused
+    from fleet.store.schema import steps
+    from fleet.worker.failures import refused
+    from tests.integration.test_transitions import STEP, _force, _lease, _run, _run_row, _step_row
+
+    _run(client)
+    lease = _lease(client)
+    ledger = client.runtime.ledger
+    assert ledger.schedule_retry("r1", STEP, lease.epoch, 60, "E: x", countdown=False)
+    _force(client, steps, status=StepStatus.IN_DOUBT, due_at=_step_row(client).due_at - 120)
+    assert ledger.take_lease("r1", STEP, "w", 30) is TakeRefused.NOT_DUE
+    inline.sent.clear()
+    refused(client.runtime, _run_row(client), STEP, TakeRefused.NOT_DUE)
+    assert inline.sent == []
