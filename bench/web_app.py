@@ -10,6 +10,7 @@ enqueues with the sync client on the loop, the mistake the async client is for;
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,8 +18,12 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Header
 
+from fleet.aio_client import OFF_LOOP_THREADS, OffLoop
 from tasks.app import fleet
 from tasks.web import create_app
+
+# BENCH_OFF_LOOP_THREADS: the size of the Fleet's pool for async calls, to compare sizes.
+fleet.off_loop = OffLoop(int(os.environ.get("BENCH_OFF_LOOP_THREADS") or OFF_LOOP_THREADS))
 
 TICK = 0.005
 LATE: list[float] = []  # seconds each tick woke after it was due
