@@ -204,6 +204,18 @@ class Queries:
         with self.db.begin(self.tx) as conn:
             return {r: (int(d or 0), int(n)) for r, d, n in conn.execute(stmt).all()}
 
+    def leases_held(self, keys: Sequence[tuple[str, str, int]]) -> set[tuple[str, str, int]]:
+        """Which of these ``(run id, step id, epoch)`` leases are still held: their step
+        running under that epoch (one read for all of a process's watched attempts)."""
+        if not keys:
+            return set()
+        stmt = select(steps.c.run_id, steps.c.step_id, steps.c.epoch).where(
+            steps.c.run_id.in_({k[0] for k in keys}), steps.c.status == StepStatus.RUNNING
+        )
+        with self.db.begin(self.tx) as conn:
+            running = {(r, s, int(e)) for r, s, e in conn.execute(stmt).all()}
+        return {k for k in keys if k in running}
+
     def step(self, run_id: str, step_id: str) -> StepRow | None:
         with self.db.begin(self.tx) as conn:
             return _first(StepRow, conn.execute(STEP_ROW, {"b_run": run_id, "b_step": step_id}))

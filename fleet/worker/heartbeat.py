@@ -23,6 +23,10 @@ from fleet.worker.runtime import Runtime
 
 log = logging.getLogger("fleet.attempt")
 
+# How often (seconds) a process looks, in one read, for revoked leases of the attempts
+# that want to know at once (an async step's task is cancelled then), between renewals.
+REVOKE_CHECK = 1.0
+
 
 class Heartbeat:
     """Keeps one attempt's lease: ``beater`` renews it every third of the lease while
@@ -72,10 +76,35 @@ class Heartbeat:
         """Call ``fn`` as soon as a renewal finds the lease lost (from the thread that
         renewed it), or now if one already has."""
         with self._on_lost_lock:
-            if self._on_lost is not None:
-                self._on_lost.append(fn)
+            waiting = self._on_lost
+            if waiting is not None:
+                waiting.append(fn)
+        if waiting is not None:
+            self._beater.wake()  # it now looks for a revoked lease every second
+        else:
+            fn()
+
+    @property
+    def watched(self) -> bool:
+        """Whether something waits to hear at once that the lease is lost (an async
+        step's task): the beater then looks for a revoked lease every second."""
+        with self._on_lost_lock:
+            return bool(self._on_lost)
+
+    def revoked(self) -> None:
+        """The store says the lease is gone (the run cancelled, the step taken over),
+        found between renewals: lost, as a failed renewal would have found it."""
+        with self._lock:
+            if not self._held or self.lost.is_set():
                 return
-        fn()
+            self.lost.set()
+        self._fire_lost()
+        log.warning(
+            "step %s of run %s lost its lease (epoch %d): revoked",
+            self.lease.step_id,
+            self.lease.run_id,
+            self.lease.epoch,
+        )
 
     def _fire_lost(self) -> None:
         with self._on_lost_lock:
@@ -121,6 +150,7 @@ class Beater:
         self._cond = threading.Condition()
         self._held: dict[int, Heartbeat] = {}
         self._pid = 0
+        self._next_check = 0.0  # when watched attempts' leases are next looked at
 
     def add(self, hb: Heartbeat) -> None:
         with self._cond:
@@ -132,6 +162,11 @@ class Beater:
             self._held[id(hb)] = hb
             self._cond.notify()
 
+    def wake(self) -> None:
+        """Have the beater look at its attempts again (one now wants to be watched)."""
+        with self._cond:
+            self._cond.notify()
+
     def remove(self, hb: Heartbeat) -> None:
         with self._cond:
             self._held.pop(id(hb), None)
@@ -140,26 +175,52 @@ class Beater:
         with self._cond:
             return list(self._held.values())
 
-    def _due(self) -> list[Heartbeat]:
-        """Wait until some lease is due for renewal; those that are, rescheduled."""
+    def _due(self) -> tuple[list[Heartbeat], list[Heartbeat]]:
+        """Wait until some lease is due for renewal, or watched ones for their check;
+        those that are, rescheduled."""
         with self._cond:
             while True:
                 now = time.monotonic()
                 due = [hb for hb in self._held.values() if hb.due <= now]
-                if due:
+                watched = [hb for hb in self._held.values() if hb.watched]
+                check = watched if watched and self._next_check <= now else []
+                if due or check:
                     for hb in due:
                         hb.due = now + hb.interval
-                    return due
+                    if check:
+                        self._next_check = now + REVOKE_CHECK
+                    return due, check
                 soonest = min((hb.due for hb in self._held.values()), default=now + 60.0)
+                if watched:
+                    soonest = min(soonest, self._next_check)
                 self._cond.wait(soonest - now)
 
     def _loop(self) -> None:
         while True:
-            for hb in self._due():
+            due, check = self._due()
+            for hb in due:
                 try:
                     hb.renew_if_held()
                 except Exception:  # never let one renewal stop the others
                     log.exception("renewing the lease of %s failed", hb.lease.step_id)
+            try:
+                _revoked(check)
+            except Exception:  # the next renewal finds it anyway
+                log.exception("looking for revoked leases failed")
+
+
+def _revoked(watched: list[Heartbeat]) -> None:
+    """Tell each watched attempt whose lease the store has revoked: one read per store."""
+    by_store: dict[int, list[Heartbeat]] = {}
+    for hb in watched:
+        if not hb.lost.is_set():
+            by_store.setdefault(id(hb.rt), []).append(hb)
+    for group in by_store.values():
+        keys = {hb: (hb.lease.run_id, hb.lease.step_id, hb.lease.epoch) for hb in group}
+        held = group[0].rt.queries.leases_held(list(keys.values()))
+        for hb, key in keys.items():
+            if key not in held:
+                hb.revoked()
 
 
 def release_leases(rt: Runtime, held: Iterable[Heartbeat]) -> int:

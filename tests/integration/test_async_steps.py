@@ -169,6 +169,25 @@ def test_cancelling_a_run_cancels_its_awaiting_coroutine_within_a_second(
     assert set(starts(backend, run.id)) == {"work#1", "anap#1"}, "nothing ran after"
 
 
+def test_a_cancel_reaches_an_awaiting_coroutine_long_before_its_lease_is_renewed(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    """With the default 30 s lease a renewal comes every 10 s; the worker looks for
+    revoked leases of its awaiting steps every second, so a cancel lands within ~1 s."""
+    backend.lease_seconds = 30.0
+    cluster.worker("w1")
+    run = client.enqueue("async_chain", 2, 0, 60.0)  # anap#1 awaits 60 s on attempt 1
+    poll(lambda: find_event(backend, run.id, "anap#1", "start"), 30, "anap#1 to start")
+    cancelled_at = time.time()
+    assert client.cancel(run.id, "no longer needed")
+    seen = poll(
+        lambda: find_event(backend, run.id, "anap#1", "cancelled"), 15, "the coroutine's cancel"
+    )
+    took = seen["t"] - cancelled_at
+    assert took < 2.5, f"the coroutine was cancelled {took:.2f} s after the run (lease 30 s)"
+    assert not find_event(backend, run.id, "anap#1", "end")
+
+
 def _calls(backend: Backend, run_id: str, how: str) -> list[dict[str, Any]]:
     key = f"{run_id}:asend_{how}#1"
     return [c for c in provider_calls(str(backend.provider_path)) if c["key"] == key]
