@@ -140,9 +140,13 @@ def test_a_frozen_worker_s_async_commit_is_fenced_when_it_wakes(
     assert q.incident_counts(run.id).get("fenced_write") == 1
 
 
+# A 2 s lease is renewed every 0.67 s; the default 30 s one every 10 s, but the worker
+# looks for revoked leases of its awaiting steps every second between renewals.
+@pytest.mark.parametrize(("lease", "bound"), [(2.0, 1.0), (30.0, 2.5)])
 def test_cancelling_a_run_cancels_its_awaiting_coroutine_within_a_second(
-    backend: Backend, client: Fleet, cluster: Cluster
+    backend: Backend, client: Fleet, cluster: Cluster, lease: float, bound: float
 ) -> None:
+    backend.lease_seconds = lease
     cluster.worker("w1")
     cluster.sweeper()
     run = client.enqueue("async_chain", 2, 0, 60.0)  # anap#1 awaits 60 s on attempt 1
@@ -153,8 +157,8 @@ def test_cancelling_a_run_cancels_its_awaiting_coroutine_within_a_second(
     seen = poll(
         lambda: find_event(backend, run.id, "anap#1", "cancelled"), 10, "the coroutine's cancel"
     )
-    took = seen["t"] - cancelled_at  # a 2 s lease is renewed every 0.67 s
-    assert took < 1.0, f"the coroutine was cancelled {took:.2f} s after the run"
+    took = seen["t"] - cancelled_at
+    assert took < bound, f"the coroutine was cancelled {took:.2f} s after the run (lease {lease})"
     q = client.runtime.queries
     # The attempt ends as a sync one that lost its lease: its write fenced, nothing kept.
     poll(
@@ -167,25 +171,6 @@ def test_cancelling_a_run_cancels_its_awaiting_coroutine_within_a_second(
     assert run.status() == "cancelled"
     assert not find_event(backend, run.id, "anap#1", "end")
     assert set(starts(backend, run.id)) == {"work#1", "anap#1"}, "nothing ran after"
-
-
-def test_a_cancel_reaches_an_awaiting_coroutine_long_before_its_lease_is_renewed(
-    backend: Backend, client: Fleet, cluster: Cluster
-) -> None:
-    """With the default 30 s lease a renewal comes every 10 s; the worker looks for
-    revoked leases of its awaiting steps every second, so a cancel lands within ~1 s."""
-    backend.lease_seconds = 30.0
-    cluster.worker("w1")
-    run = client.enqueue("async_chain", 2, 0, 60.0)  # anap#1 awaits 60 s on attempt 1
-    poll(lambda: find_event(backend, run.id, "anap#1", "start"), 30, "anap#1 to start")
-    cancelled_at = time.time()
-    assert client.cancel(run.id, "no longer needed")
-    seen = poll(
-        lambda: find_event(backend, run.id, "anap#1", "cancelled"), 15, "the coroutine's cancel"
-    )
-    took = seen["t"] - cancelled_at
-    assert took < 2.5, f"the coroutine was cancelled {took:.2f} s after the run (lease 30 s)"
-    assert not find_event(backend, run.id, "anap#1", "end")
 
 
 def _calls(backend: Backend, run_id: str, how: str) -> list[dict[str, Any]]:

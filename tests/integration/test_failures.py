@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from fleet import Fleet, RunFailed
+from fleet.states import StepStatus
+from fleet.store.ledger import TakeRefused
+from fleet.store.schema import steps
+from fleet.worker.failures import refused
 from tests.e2e.test_cli import fleet_cli
 from tests.harness import Backend, Cluster, InlineBroker, poll, starts
+from tests.integration.test_transitions import STEP, _force, _lease, _run, _run_row, _step_row
 
 
 def test_fails_twice_then_succeeds_with_policy_delays(
@@ -150,16 +157,26 @@ def test_bulk_replay_and_replay_with_edited_input(
     assert len(client.dead_letters(include_replayed=True)) == 3
 
 
+def _refused_not_due(client: Fleet, inline: InlineBroker, **state: Any) -> list[Any]:
+    """Step ``work#1`` of run ``r1`` put in retry_wait, then in ``state``, and refused as
+    not due: the messages the refusal sent."""
+    _run(client)
+    lease = _lease(client)
+    ledger = client.runtime.ledger
+    assert ledger.schedule_retry("r1", STEP, lease.epoch, 60, "E: x", countdown=False)
+    _force(client, steps, **state)
+    assert ledger.take_lease("r1", STEP, "w", 30) is TakeRefused.NOT_DUE
+    inline.sent.clear()
+    refused(client.runtime, _run_row(client), STEP, TakeRefused.NOT_DUE)
+    return inline.sent
+
+
 def test_a_retry_delivered_early_is_sent_again_if_due_by_the_time_it_looks(
     client: Fleet, inline: InlineBroker
 ) -> None:
     """The refusal (not due) and the read of how long is left straddled the due time:
-    the message is sent again at once, not dropped (only the sweeper would find it)."""
-    from fleet.store.ledger import TakeRefused
-    from fleet.store.schema import steps
-    from fleet.worker.failures import refused
-    from tests.integration.test_transitions import STEP, _force, _lease, _run, _run_row, _step_row
-
+    the message is sent again at once, not dropped (only the sweeper would find it).
+    The straddle is made by moving the due time into the past after the refusal."""
     _run(client)
     lease = _lease(client)
     ledger = client.runtime.ledger
@@ -176,18 +193,4 @@ def test_a_step_refused_as_not_due_for_another_reason_is_not_sent_again_at_once(
 ) -> None:
     """An effect in doubt is refused as not due too; its past due time must not make a
     message that comes straight back refused, again and again."""
-    from fleet.states import StepStatus
-    from fleet.store.ledger import TakeRefused
-    from fleet.store.schema import steps
-    from fleet.worker.failures import refused
-    from tests.integration.test_transitions import STEP, _force, _lease, _run, _run_row, _step_row
-
-    _run(client)
-    lease = _lease(client)
-    ledger = client.runtime.ledger
-    assert ledger.schedule_retry("r1", STEP, lease.epoch, 60, "E: x", countdown=False)
-    _force(client, steps, status=StepStatus.IN_DOUBT, due_at=_step_row(client).due_at - 120)
-    assert ledger.take_lease("r1", STEP, "w", 30) is TakeRefused.NOT_DUE
-    inline.sent.clear()
-    refused(client.runtime, _run_row(client), STEP, TakeRefused.NOT_DUE)
-    assert inline.sent == []
+    assert _refused_not_due(client, inline, status=StepStatus.IN_DOUBT, due_at=0.0) == []
