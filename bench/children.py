@@ -16,24 +16,15 @@ from typing import Any
 
 from sqlalchemy import select
 
-from bench.common import processes, save, services, spread
-from bench.drivers import POOLS, RunClock
-from fleet import Fleet, Settings
+from bench import child_flows
+from bench.common import save, services, spread
+from bench.drivers import POOLS, RunClock, fleet_client, fleet_workers
+from fleet import Fleet
 from fleet.store.schema import runs
-from fleet.testing import WORKER_READY, worker_argv
 
 APP = "bench.child_flows"
 WORKERS = 2
 TARGET = 1.2  # parent time / independent runs' time, at most
-
-
-def client_for(env: dict[str, str]) -> Fleet:
-    from bench import child_flows
-
-    client = child_flows.fleet.with_settings(Settings.from_env(env))
-    client.upgrade_schema()
-    client.runtime.db.dispose()
-    return client
 
 
 def child_statuses(client: Fleet, parent_id: str) -> list[str]:
@@ -48,10 +39,9 @@ def measure(children: int, concurrency: int, pool: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for shape in ("independent", "parent"):
         with services(f"kids{shape[:3]}") as svc:
-            client = client_for(svc.env())
+            client = fleet_client(svc, child_flows.fleet)
             clock = RunClock(svc)
-            argvs = [(f"fleet{i}", worker_argv(APP, concurrency, pool)) for i in range(WORKERS)]
-            with processes(svc, argvs, WORKER_READY):
+            with fleet_workers(svc, WORKERS, concurrency, pool, APP):
                 if shape == "parent":
                     run = client.enqueue("parent", children)
                     out[shape] = clock.wait([run.id], timeout=300)

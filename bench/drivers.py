@@ -28,22 +28,27 @@ def database_name(svc: Services) -> str:
     return svc.database_url.rsplit("/", 1)[1]
 
 
-def fleet_client(svc: Services) -> Fleet:
-    """The benchmark's fleet app bound to ``svc``, schema migrated, no connection left open
-    (so the database's statistics can settle before workers start)."""
-    from bench import noop_flows
+def fleet_client(svc: Services, app: Fleet | None = None, **env: str) -> Fleet:
+    """A fleet app (``bench.noop_flows``'s unless given) bound to ``svc`` and ``env``,
+    schema migrated, no connection left open (so the database's statistics can settle
+    before workers start)."""
+    if app is None:
+        from bench import noop_flows
 
-    client = noop_flows.fleet.with_settings(Settings.from_env(svc.env()))
+        app = noop_flows.fleet
+    client = app.with_settings(Settings.from_env(svc.env(**env)))
     client.upgrade_schema()
     client.runtime.db.dispose()
     return client
 
 
 @contextlib.contextmanager
-def fleet_workers(svc: Services, count: int, concurrency: int, pool: str) -> Iterator[list[Any]]:
-    """``count`` fleet worker processes, ready; killed on exit."""
-    argvs = [(f"fleet{i}", worker_argv(FLEET_APP, concurrency, pool)) for i in range(count)]
-    with processes(svc, argvs, WORKER_READY) as procs:
+def fleet_workers(
+    svc: Services, count: int, concurrency: int, pool: str, app: str = FLEET_APP, **env: str
+) -> Iterator[list[Any]]:
+    """``count`` fleet worker processes loading ``app``, with ``env``, ready; killed on exit."""
+    argvs = [(f"fleet{i}", worker_argv(app, concurrency, pool)) for i in range(count)]
+    with processes(svc, argvs, WORKER_READY, 60.0, "fleet", **env) as procs:
         yield procs
 
 

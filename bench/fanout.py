@@ -16,10 +16,9 @@ import argparse
 import statistics
 from typing import Any
 
-from bench.common import processes, save, services, spread
-from bench.drivers import POOLS, RunClock
-from fleet import Fleet, Settings
-from fleet.testing import WORKER_READY, worker_argv
+from bench.common import save, services, spread
+from bench.drivers import POOLS, RunClock, fleet_client, fleet_workers
+from fleet import Fleet
 from fleet.worker.context import StepContext
 from fleet.worker.workflow import WorkflowContext
 
@@ -49,23 +48,15 @@ def single(wf: WorkflowContext, i: int) -> int:
     return int(wf.step(noop, i))
 
 
-def client_for(env: dict[str, str]) -> Fleet:
-    client = fleet.with_settings(Settings.from_env(env))
-    client.upgrade_schema()
-    client.runtime.db.dispose()
-    return client
-
-
 def measure(items: int, concurrency: int, pool: str) -> dict[str, float]:
     """Seconds for one map of ``items`` and for as many single-step runs."""
     out: dict[str, float] = {}
     timeout = max(300.0, items * 0.1)
     for shape in ("single", "map"):
         with services(f"fan{shape[:3]}", redis_db=REDIS_DB) as svc:
-            client = client_for(svc.env(**LIMITS))
+            client = fleet_client(svc, fleet, **LIMITS)
             clock = RunClock(svc)
-            argvs = [(f"fleet{i}", worker_argv(APP, concurrency, pool)) for i in range(WORKERS)]
-            with processes(svc, argvs, WORKER_READY, **LIMITS):
+            with fleet_workers(svc, WORKERS, concurrency, pool, APP, **LIMITS):
                 if shape == "map":
                     ids = [client.enqueue("spread_out", items).id]
                 else:
