@@ -555,7 +555,7 @@ def settling(
         if how == "map":
             outs = wf.map(branch, [[i, seconds, bad] for i in range(n)], return_exceptions=tolerant)
         elif how == "bare":  # a mistake: the step itself, not a wf.call description of it
-            outs = wf.parallel(*[branch] * n)  # type: ignore[arg-type]
+            outs = wf.parallel(*[branch] * n)
         else:
             calls = [
                 wf.call(other_branch if i % 2 else branch, [i, seconds, bad], key=f"tool-{i}")
