@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import time
 from dataclasses import asdict, replace
 from typing import Any
 
-from bench.common import percentile, processes, save, services, wait_until
-from bench.io_bound import Batch, Config, counters, finished, first_steps_ms, gaps_ms, query
+from bench.common import processes, save, services
+from bench.io_bound import Batch, Config, batch_figures, run_batch
 from bench.io_bound import report as io_report
 from fleet import Fleet, RetryPolicy, Settings, StepContext, WorkflowContext
 from fleet.testing import WORKER_READY, worker_argv
@@ -79,47 +78,10 @@ PEAKS: dict[str, list[int]] = {}
 def measure(client: Fleet, cfg: Config, seconds: float, timeout: float, pids: list[int]) -> Batch:
     """One batch of ``cfg.runs`` runs enqueued at once, its figures from the store (and
     its peak of attempts running at once, kept in ``PEAKS``)."""
-    before = counters(client, pids)
-    t0 = time.perf_counter()
-    ids = [client.enqueue(aagent, cfg.steps, seconds).id for _ in range(cfg.runs)]
-    enqueue_s = time.perf_counter() - t0
-    wait_until(lambda: finished(client, ids) == len(ids), timeout, "the runs to end", 0.25)
-    time.sleep(1.0)  # let Postgres flush its statistics
-    used = counters(client, pids) - before
-    (span,) = query(
-        client,
-        "SELECT max(finished_at) - min(created_at) AS wall, "
-        "count(*) FILTER (WHERE status <> 'succeeded') AS failed "
-        "FROM fleet_runs WHERE id = ANY(:ids)",
-        ids=ids,
-    )
-    attempts = query(
-        client,
-        "SELECT a.run_id, a.step_id, a.started_at, a.finished_at, r.created_at "
-        "FROM fleet_attempts a JOIN fleet_runs r ON r.id = a.run_id "
-        "WHERE a.run_id = ANY(:ids) ORDER BY a.run_id, a.started_at",
-        ids=ids,
-    )
-    gaps, extra = gaps_ms(attempts)
+    ids, enqueue_s, used = run_batch(client, cfg, seconds, timeout, pids, aagent)
+    batch, attempts = batch_figures(client, cfg, seconds, ids, enqueue_s, used)
     PEAKS.setdefault(cfg.label, []).append(peak_concurrency(attempts))
-    total = cfg.runs * cfg.steps
-    rate = total / span.wall
-    return Batch(
-        cfg.runs,
-        cfg.steps,
-        enqueue_s,
-        span.wall,
-        rate,
-        rate / cfg.limit(seconds),
-        percentile(gaps, 50),
-        percentile(gaps, 99),
-        percentile(first_steps_ms(attempts), 50),
-        extra,
-        int(span.failed),
-        used.cpu_s * 1000 / total,
-        used.commits / total,
-        used.sessions,
-    )
+    return batch
 
 
 def run_config(cfg: Config, reps: int, seconds: float, redis_db: int) -> dict[str, Any]:

@@ -173,13 +173,18 @@ def first_steps_ms(attempts: list[Any]) -> list[float]:
 
 
 def run_batch(
-    client: Fleet, cfg: Config, seconds: float, timeout: float, pids: list[int]
+    client: Fleet,
+    cfg: Config,
+    seconds: float,
+    timeout: float,
+    pids: list[int],
+    workflow: Any = agent_flows.agent,
 ) -> tuple[list[str], float, Counters]:
-    """Enqueue ``cfg.runs`` agent runs at once and wait for all of them to end: their ids,
-    the enqueue time and what the batch used."""
+    """Enqueue ``cfg.runs`` runs of ``workflow`` (the agent unless given) at once and wait
+    for all of them to end: their ids, the enqueue time and what the batch used."""
     before = counters(client, pids)
     t0 = time.perf_counter()
-    ids = [client.enqueue(agent_flows.agent, cfg.steps, seconds).id for _ in range(cfg.runs)]
+    ids = [client.enqueue(workflow, cfg.steps, seconds).id for _ in range(cfg.runs)]
     enqueue_s = time.perf_counter() - t0
     wait_until(lambda: finished(client, ids) == len(ids), timeout, "the runs to end", 0.25)
     time.sleep(1.0)  # let Postgres flush its statistics
@@ -189,6 +194,13 @@ def run_batch(
 def measure(client: Fleet, cfg: Config, seconds: float, timeout: float, pids: list[int]) -> Batch:
     """One batch, its figures read from the store's clock."""
     ids, enqueue_s, used = run_batch(client, cfg, seconds, timeout, pids)
+    return batch_figures(client, cfg, seconds, ids, enqueue_s, used)[0]
+
+
+def batch_figures(
+    client: Fleet, cfg: Config, seconds: float, ids: list[str], enqueue_s: float, used: Counters
+) -> tuple[Batch, list[Any]]:
+    """A finished batch's figures, read from the store's clock, and its attempts."""
     (span,) = query(
         client,
         "SELECT max(finished_at) - min(created_at) AS wall, "
@@ -206,7 +218,7 @@ def measure(client: Fleet, cfg: Config, seconds: float, timeout: float, pids: li
     gaps, extra = gaps_ms(attempts)
     total = cfg.runs * cfg.steps
     rate = total / span.wall
-    return Batch(
+    batch = Batch(
         cfg.runs,
         cfg.steps,
         enqueue_s,
@@ -222,6 +234,7 @@ def measure(client: Fleet, cfg: Config, seconds: float, timeout: float, pids: li
         used.commits / total,
         used.sessions,
     )
+    return batch, attempts
 
 
 def probe(client: Fleet, cfg: Config, seconds: float, pids: list[int]) -> tuple[Batch | None, str]:
