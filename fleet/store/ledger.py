@@ -70,7 +70,8 @@ class NewStep:
 @dataclass(frozen=True)
 class NewChild:
     """The run a child step starts, inserted in the transaction that records the step
-    (so a replayed parent never starts a second one): its id is ``{parent}/{step id}``."""
+    (so a replayed parent never starts a second one): its id is ``{parent}/{step id}``.
+    ``create_run`` describes an enqueued run with it too (no parent, not detached)."""
 
     run_id: str
     workflow: str
@@ -105,20 +106,8 @@ class Ledger(StepLedger):
         budget_cost: float | None = None,
     ) -> bool:
         """Insert a queued run; False when ``run_id`` exists already (enqueue is idempotent)."""
-        params: dict[str, Any] = {
-            "b_run": run_id,
-            "b_workflow": workflow,
-            "b_version": version,
-            "b_pins": pins,
-            "b_args": args,
-            "b_queue": queue,
-            "b_budget_tokens": budget_tokens,
-            "b_budget_cost": budget_cost,
-            "b_grace": self.grace,
-            "b_parent": None,
-            "b_parent_step": None,
-            "b_detached": False,
-        }
+        run = NewChild(run_id, workflow, version, pins, args, queue, budget_tokens, budget_cost)
+        params = _run_params(run, self.grace)
         with self.db.begin(self.tx) as conn:
             created = conn.execute(sql.CREATE_RUN[conn.dialect.name], params).first()
             return created is not None  # None: a duplicate enqueue
@@ -381,30 +370,33 @@ class Ledger(StepLedger):
                 conn.execute(sql.RECORD_STEP[conn.dialect.name], rows)
             for s in new:
                 if s.child is not None:
-                    conn.execute(sql.CREATE_RUN[dialect], _child_params(run_id, s, self.grace))
+                    params = _run_params(s.child, self.grace, parent=(run_id, s.step_id))
+                    conn.execute(sql.CREATE_RUN[dialect], params)
             if fanouts:
                 conn.execute(derived.RECORD_FANOUT[dialect], fanouts)
             if advanced_seq is not None:
                 conn.execute(derived.MARK_ADVANCED, {"b_run": run_id, "b_seq": advanced_seq})
 
 
-def _child_params(run_id: str, step: NewStep, grace: float) -> dict[str, Any]:
-    """The queued run a child step starts: its parent and that step named on it."""
-    child = step.child
-    assert child is not None
+def _run_params(
+    run: NewChild, grace: float, parent: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """CREATE_RUN's parameters for a queued run: an enqueued one, or the run a child step
+    starts (``parent``: the parent run's id and that step's, named on it)."""
+    parent_id, parent_step = parent or (None, None)
     return {
-        "b_run": child.run_id,
-        "b_workflow": child.workflow,
-        "b_version": child.version,
-        "b_pins": child.pins,
-        "b_args": child.args,
-        "b_queue": child.queue,
-        "b_budget_tokens": child.budget_tokens,
-        "b_budget_cost": child.budget_cost,
+        "b_run": run.run_id,
+        "b_workflow": run.workflow,
+        "b_version": run.version,
+        "b_pins": run.pins,
+        "b_args": run.args,
+        "b_queue": run.queue,
+        "b_budget_tokens": run.budget_tokens,
+        "b_budget_cost": run.budget_cost,
         "b_grace": grace,
-        "b_parent": run_id,
-        "b_parent_step": step.step_id,
-        "b_detached": child.detached,
+        "b_parent": parent_id,
+        "b_parent_step": parent_step,
+        "b_detached": run.detached,
     }
 
 
