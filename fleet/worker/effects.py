@@ -22,10 +22,6 @@ from fleet.worker.context import Attempt, StepContext
 log = logging.getLogger("fleet.attempt")
 
 
-def _plain(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
-
-
 class Gate(Enum):
     RUN = "run the body"
     STOP = "do not run the body"
@@ -39,9 +35,7 @@ class Reconciled:
     settles: IntentOutcome = IntentOutcome.RECONCILED
 
 
-def effect_gate(
-    att: Attempt, ctx: StepContext, call: Callable[..., Any] | None = None
-) -> Gate | Reconciled:
+def effect_gate(att: Attempt, ctx: StepContext, call: Callable[..., Any]) -> Gate | Reconciled:
     """Before an effect's body runs: settle what earlier attempts may have done, then
     write this attempt's intent. Never retries an effect on a guess. ``call`` calls
     the reconcile hook (``aio.Runner``: an ``async def`` one runs on the process's loop)."""
@@ -49,7 +43,7 @@ def effect_gate(
     run_id, step_id = lease.run_id, lease.step_id
     if rt.queries.in_doubt(run_id, step_id, before_epoch=lease.epoch):
         if sd.reconcile_fn is not None:
-            found = (call or _plain)(sd.reconcile_fn, ctx)
+            found = call(sd.reconcile_fn, ctx)
             if found is not None:
                 log.info("effect %s of run %s: reconcile found it happened", step_id, run_id)
                 return Reconciled(found)
