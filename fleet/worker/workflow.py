@@ -277,12 +277,12 @@ class WorkflowContext(Children):
 
     def _target(self, fn: StepDef | WorkflowDef | str) -> StepDef | WorkflowDef:
         """What a ``wf.call`` names: a registered step, or a workflow to run as a child."""
-        if isinstance(fn, WorkflowDef):
-            return self._rt.registry.workflow(fn)
         registry = self._rt.registry
+        if isinstance(fn, WorkflowDef):
+            return registry.workflow(fn)
         if isinstance(fn, str) and fn not in registry.steps and fn in registry.workflows:
             return registry.workflows[fn]
-        return self._rt.registry.step(fn)
+        return registry.step(fn)
 
     def _positional(self, name: str) -> str:
         n = self._counts.get(name, 0) + 1
