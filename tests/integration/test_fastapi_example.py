@@ -129,6 +129,11 @@ def test_the_event_stream_follows_the_run_and_approval_resumes_it(
                 async for event, data in _events(stream):
                     seen.append((event, data))
                     if (event, data.get("status")) == ("status", "waiting"):
+                        # A malformed approval is refused and changes nothing: it waits.
+                        for bad in ({"by": "ops"}, {"approved": "yes please", "by": ""}):
+                            wrong = await http.post(f"/runs/{run_id}/approval", json=bad)
+                            assert wrong.status_code == 422, wrong.text
+                        assert agents.run(run_id).status() == "waiting"
                         # Live: the stream said it waits before anyone approved.
                         approval = {"approved": True, "by": "ops", "comment": "fine"}
                         sent = await http.post(f"/runs/{run_id}/approval", json=approval)
