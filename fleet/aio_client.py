@@ -100,14 +100,30 @@ class AsyncClient:
             *args: Any,
             run_id: str | None = None,
             budget: Mapping[str, float] | None = None,
+            tenant: str | None = None,
             **kwargs: Any,
         ) -> RunHandle: ...
 
         def run(self, run_id: str) -> RunHandle: ...
 
-        def signal(self, run_id: str, name: str, payload: Any = None) -> None: ...
+        def signal(
+            self,
+            run_id: str,
+            name: str,
+            payload: Any = None,
+            *,
+            by: str | None = None,
+            why: str | None = None,
+        ) -> None: ...
 
-        def cancel(self, run_id: str, reason: str = "cancelled") -> bool: ...
+        def cancel(
+            self,
+            run_id: str,
+            reason: str = "cancelled",
+            *,
+            by: str | None = None,
+            why: str | None = None,
+        ) -> bool: ...
 
     async def aenqueue(
         self,
@@ -115,22 +131,40 @@ class AsyncClient:
         *args: Any,
         run_id: str | None = None,
         budget: Mapping[str, float] | None = None,
+        tenant: str | None = None,
         **kwargs: Any,
     ) -> RunHandle:
         """``enqueue``, awaited: the run is recorded and its wake-up sent off the loop.
         With ``run_id``, idempotent: the same id twice (even at once) is one run."""
         return await self.off_loop.call(
-            self.enqueue, workflow, *args, run_id=run_id, budget=budget, **kwargs
+            self.enqueue, workflow, *args, run_id=run_id, budget=budget, tenant=tenant, **kwargs
         )
 
     async def arun(self, run_id: str) -> RunHandle:
         """``run``, awaited: a handle for an existing run, or ``UnknownRun``."""
         return await self.off_loop.call(self.run, run_id)
 
-    async def asignal(self, run_id: str, name: str, payload: Any = None) -> None:
-        """``signal``, awaited: ``payload`` to the run's ``wf.wait_for(name)``."""
-        await self.off_loop.call(self.signal, run_id, name, payload)
+    async def asignal(
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+    ) -> None:
+        """``signal``, awaited: ``payload`` to the run's ``wf.wait_for(name)`` (audited
+        with ``by``, ``why``)."""
+        await self.off_loop.call(self.signal, run_id, name, payload, by=by, why=why)
 
-    async def acancel(self, run_id: str, reason: str = "cancelled") -> bool:
-        """``cancel``, awaited: False if the run had already ended."""
-        return await self.off_loop.call(self.cancel, run_id, reason)
+    async def acancel(
+        self,
+        run_id: str,
+        reason: str = "cancelled",
+        *,
+        by: str | None = None,
+        why: str | None = None,
+    ) -> bool:
+        """``cancel``, awaited: False if the run had already ended (audited with ``by``,
+        ``why``)."""
+        return await self.off_loop.call(self.cancel, run_id, reason, by=by, why=why)

@@ -24,6 +24,7 @@ from fleet.logs import setup_logging
 from fleet.ops.cli_common import (
     AppOpt,
     LogLevelOpt,
+    actor,
     check_loglevel,
     console,
     guard,
@@ -238,14 +239,14 @@ def dlq_replay(
             kwargs = (
                 {} if input_ is None else {"input": codec.parse_json_arg(input_, what="--input")}
             )
-            run = fleet.replay(letter_id, **kwargs)
+            run = fleet.replay(letter_id, **kwargs, by=actor())
             say(f"replayed dead letter {letter_id}; run {run.id} resumes")
             return
         letters = fleet.dead_letters(workflow=workflow)
         for i, letter in enumerate(letters):
             if i:
                 time.sleep(1.0 / rate)
-            fleet.replay(letter.id)
+            fleet.replay(letter.id, by=actor())
             say(f"replayed dead letter {letter.id} ({letter.run_id} {letter.step_id})")
         say(f"{len(letters)} dead letter(s) replayed")
 

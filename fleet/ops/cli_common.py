@@ -6,6 +6,7 @@ uses the same ones; ``fleet.ops.cli`` assembles them into the ``fleet`` command.
 
 from __future__ import annotations
 
+import getpass
 import math
 import os
 import sys
@@ -68,6 +69,14 @@ def open_fleet(target: str | None, *, schema: bool = True, create: bool = False)
     if schema:
         fleet.ensure_schema(create=create)
     return fleet
+
+
+def actor() -> str:
+    """Who a steering command acts as in the audit: ``cli:<login name>``."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):  # no login name in the environment or the password file
+        return f"cli:uid {os.getuid()}"
 
 
 def positive(value: float, option: str) -> float:

@@ -29,7 +29,7 @@ from sqlalchemy.sql.expression import Executable
 
 from fleet.errors import StoreUnavailable
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
-from fleet.store import derived
+from fleet.store import audit, derived
 from fleet.store import messages as transcripts
 from fleet.store import transitions as sql
 from fleet.store.engine import retryable
@@ -82,6 +82,7 @@ class NewChild:
     budget_tokens: int | None = None
     budget_cost: float | None = None
     detached: bool = False
+    tenant: str | None = None  # a child run's is its parent's, read by CREATE_RUN
 
 
 # How many generations of children a run that ends cancels with it, at most.
@@ -104,9 +105,12 @@ class Ledger(StepLedger):
         queue: str,
         budget_tokens: int | None = None,
         budget_cost: float | None = None,
+        tenant: str | None = None,
     ) -> bool:
         """Insert a queued run; False when ``run_id`` exists already (enqueue is idempotent)."""
-        run = NewChild(run_id, workflow, version, pins, args, queue, budget_tokens, budget_cost)
+        run = NewChild(
+            run_id, workflow, version, pins, args, queue, budget_tokens, budget_cost, tenant=tenant
+        )
         params = _run_params(run, self.grace)
         with self.db.begin(self.tx) as conn:
             created = conn.execute(sql.CREATE_RUN[conn.dialect.name], params).first()
@@ -134,7 +138,7 @@ class Ledger(StepLedger):
             self._ended(conn, run_id, status, result if status is RunStatus.SUCCEEDED else error)
             return True
 
-    def cancel_run(self, run_id: str, reason: str) -> bool:
+    def cancel_run(self, run_id: str, reason: str, action: audit.Action | None = None) -> bool:
         """cancel_run: any live state → cancelled. Leases of running steps are revoked in
         the same transaction (revoke_lease: running → pending, epoch+1), so their commits
         are fenced and their heartbeats fail; no step of a cancelled run can take a
@@ -145,19 +149,20 @@ class Ledger(StepLedger):
         it is this one, the cancel is tried again (a few times), never half-applied."""
         for tries_left in reversed(range(CANCEL_TRIES)):
             try:
-                return self._cancel_once(run_id, reason)
+                return self._cancel_once(run_id, reason, action)
             except StoreUnavailable as exc:
                 if self.tx is not None or not tries_left or not retryable(exc):
                     raise
         raise AssertionError("unreachable")
 
-    def _cancel_once(self, run_id: str, reason: str) -> bool:
+    def _cancel_once(self, run_id: str, reason: str, action: audit.Action | None) -> bool:
         with self.db.begin(self.tx) as conn:
             params = {"b_run": run_id, "b_error": f"cancelled: {reason}"}
             if conn.execute(sql.CANCEL_RUN, params).rowcount != 1:
                 return False  # not live: finished (or cancelled) already
             conn.execute(sql.REVOKE_LEASES, {"b_run": run_id})
             self._ended(conn, run_id, RunStatus.CANCELLED, reason)
+            self._audit(conn, action, run_id)
             return True
 
     def _ended(self, conn: Connection, run_id: str, status: RunStatus, text: str | None) -> None:
@@ -217,7 +222,9 @@ class Ledger(StepLedger):
 
     # --- decisions: an effect in doubt, a budget -----------------------------------
 
-    def resolve(self, run_id: str, step_id: str, output: str | None) -> bool:
+    def resolve(
+        self, run_id: str, step_id: str, output: str | None, action: audit.Action | None = None
+    ) -> bool:
         """A person settles an in-doubt effect: with ``output`` it happened (resolve_done:
         in_doubt → done), without it it is to be retried (resolve_retry: in_doubt →
         pending, one more attempt allowed). The run goes back to running (resolve_run).
@@ -244,6 +251,7 @@ class Ledger(StepLedger):
             # Done: a branch wakes the run only as the last of its fan-out to settle.
             if output is None or self._branch_settled(conn, run_id, step_id):
                 self._wake(conn, run_id)
+            self._audit(conn, action, run_id)
             return True
 
     def park_over_budget(self, run_id: str) -> bool:
@@ -252,7 +260,13 @@ class Ledger(StepLedger):
         longer) over it, or not running."""
         return self._move_run(sql.PARK_OVER_BUDGET, run_id)
 
-    def raise_budget(self, run_id: str, tokens: int | None, cost: float | None) -> bool:
+    def raise_budget(
+        self,
+        run_id: str,
+        tokens: int | None,
+        cost: float | None,
+        action: audit.Action | None = None,
+    ) -> bool:
         """raise_budget: needs_decision ("budget") → running with new limits (None: that
         limit stays). The caller sends the run's takeable steps; the sweeper re-sends them
         after grace if that is lost. False: the run was not parked for budget."""
@@ -261,15 +275,20 @@ class Ledger(StepLedger):
             if conn.execute(sql.RAISE_BUDGET, params).rowcount != 1:
                 return False  # not parked for budget
             conn.execute(derived.REDISPATCH_TAKEABLE, {"b_run": run_id, "b_grace": self.grace})
+            self._audit(conn, action, run_id)
             return True
 
     # --- signals and timers -------------------------------------------------------
 
-    def add_signal(self, run_id: str, name: str, payload: str) -> int | None:
+    def add_signal(
+        self, run_id: str, name: str, payload: str, action: audit.Action | None = None
+    ) -> int | None:
         """Keep a signal for the run's waits; None if the run is not live (anymore)."""
         with self.db.begin(self.tx) as conn:
             params = {"b_run": run_id, "b_name": name, "b_payload": payload}
             row = conn.execute(sql.ADD_SIGNAL, params).first()
+            if row is not None:
+                self._audit(conn, action, run_id)
             return None if row is None else int(row[0])
 
     def deliver_signals(self, run_id: str) -> int:
@@ -397,6 +416,7 @@ def _run_params(
         "b_parent": parent_id,
         "b_parent_step": parent_step,
         "b_detached": run.detached,
+        "b_tenant": run.tenant,
     }
 
 

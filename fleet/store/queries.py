@@ -164,12 +164,19 @@ class Queries:
             return read_snapshot(conn, run_id, self.db.history)
 
     def runs(
-        self, status: str | None = None, limit: int = 100, children: bool = True
+        self,
+        status: str | None = None,
+        limit: int = 100,
+        children: bool = True,
+        tenant: str | None = None,
     ) -> list[RunRow]:
-        """Runs, newest first; without ``children``, only runs that have no parent."""
+        """Runs, newest first; without ``children``, only runs that have no parent;
+        with ``tenant``, only that tenant's."""
         stmt = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
         if status:
             stmt = stmt.where(runs.c.status == status)
+        if tenant is not None:
+            stmt = stmt.where(runs.c.tenant == tenant)
         if not children:
             stmt = stmt.where(runs.c.parent_id.is_(None))
         with self.db.begin(self.tx) as conn:

@@ -46,6 +46,7 @@ class RunRow:
     parent_id: str | None
     parent_step: str | None
     detached: bool
+    tenant: str | None
 
     @classmethod
     def from_row(cls, row: Any) -> RunRow:

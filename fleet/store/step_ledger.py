@@ -18,7 +18,7 @@ from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepStatus
-from fleet.store import derived
+from fleet.store import audit, derived
 from fleet.store import transitions as sql
 from fleet.store.predicates import run_is, step_is, takeable, within_budget
 from fleet.store.queries import Snapshot, read_snapshot
@@ -283,7 +283,9 @@ class StepLedger(Upkeep):
                 self._wake(conn, run_id)
             return LetterId(letter_id, replay=wake)
 
-    def replay_dead_letter(self, letter_id: int, new_input: str | None) -> ReplayRefused | None:
+    def replay_dead_letter(
+        self, letter_id: int, new_input: str | None, action: audit.Action | None = None
+    ) -> ReplayRefused | None:
         """replay_step and replay_run: the letter is marked (kept, not deleted), the step
         goes dead → pending with a fresh attempt budget (its epoch keeps counting up, so
         no old lease can match again; a branch is uncounted from its fan-out's settled),
@@ -302,7 +304,15 @@ class StepLedger(Upkeep):
             conn.execute(sql.REPLAY_STEP, {**step, "b_grace": self.grace})
             self._branch_unsettled(conn, run_id, step_id)
             conn.execute(sql.REPLAY_RUN, {"b_run": run_id})
+            self._audit(conn, action, run_id)
             return None
+
+    @staticmethod
+    def _audit(conn: Connection, action: audit.Action | None, run_id: str) -> None:
+        """An operator's ``action`` on ``run_id``, recorded in the transaction of the
+        change it made (called once that change has applied; None: not recorded)."""
+        if action is not None:
+            conn.execute(audit.RECORD, action.params(run_id))
 
     @staticmethod
     def _why_not_replayed(conn: Connection, letter_id: int) -> ReplayRefused:

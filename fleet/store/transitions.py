@@ -76,6 +76,9 @@ def _run_move(name: str, **values: Any) -> Any:
 
 
 def _create_run(dialect: Any) -> Any:
+    parent = bindparam("b_parent", type_=String)
+    # A child run is its parent's tenant's; an enqueued run names its own (or none).
+    parents_tenant = select(runs.c.tenant).where(runs.c.id == parent).scalar_subquery()
     return (
         dialect.insert(runs)
         .values(
@@ -88,7 +91,8 @@ def _create_run(dialect: Any) -> Any:
             status=RunStatus.QUEUED,
             budget_tokens=bindparam("b_budget_tokens", type_=BigInteger),
             budget_cost=bindparam("b_budget_cost", type_=Float),
-            parent_id=bindparam("b_parent", type_=String),
+            parent_id=parent,
+            tenant=func.coalesce(bindparam("b_tenant", type_=String), parents_tenant),
             parent_step=bindparam("b_parent_step", type_=String),
             detached=bindparam("b_detached", type_=Boolean),
             wake_seq=1,
