@@ -1,24 +1,33 @@
 """``Fleet``: the client. It registers workflows and steps, starts and steers runs,
 and reads them back; what it changes it changes through the store's ledger, then wakes
 a worker through the dispatcher. Celery's app is built in ``fleet.worker.celery_app``,
-a run's handle is ``fleet.handle.RunHandle``, the async methods are ``fleet.aio_client``'s."""
+a run's handle is ``fleet.handle.RunHandle``, the async methods are ``fleet.aio_client``'s,
+the steering ones (cancel, signal, resolve, raise_budget, replay) ``fleet.steering``'s."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fleet.aio_client import AsyncClient, OffLoop
 from fleet.config import Settings
 from fleet.errors import BadInput
 from fleet.handle import RunHandle
+from fleet.limits import Limit
 from fleet.policy import RetryPolicy
 from fleet.records import DeadLetterInfo, DeadMessageInfo
-from fleet.registry import Registry, StepDef, WorkflowDef, check_budget, check_name
-from fleet.states import StepKind, StepStatus
+from fleet.registry import (
+    Registry,
+    StepDef,
+    WorkflowDef,
+    check_budget,
+    check_limit_names,
+    check_name,
+)
+from fleet.steering import Steering
 from fleet.store import migrate
 from fleet.store.engine import Database
 from fleet.store.ledger import Ledger
@@ -27,17 +36,15 @@ from fleet.transcripts import DEFAULT, TranscriptInfo
 from fleet.worker import retention
 from fleet.worker.celery_app import make_celery, prepare_broker
 from fleet.worker.dispatch import CelerySender, Dispatcher
-from fleet.worker.replay import step_shadow
 from fleet.worker.runtime import Runtime
 from fleet.worker.tasks import register
 
 log = logging.getLogger("fleet")
 
 MAX_RUN_ID = 200
-_UNSET: Any = object()
 
 
-class Fleet(AsyncClient):
+class Fleet(AsyncClient, Steering):
     """A fleet application: register workflows and steps, enqueue runs, inspect them.
 
     Settings come from ``FLEET_*`` environment variables unless given here.
@@ -93,6 +100,7 @@ class Fleet(AsyncClient):
         """The same workflows and steps bound to another store and broker (a second
         environment, a test, the demo's scratch folder)."""
         other = Fleet(self.name, settings=settings, default_retry=self.default_retry)
+        other.registry.limits.update(self.registry.limits)
         other.registry.steps.update(self.registry.steps)
         other.registry.workflows.update(self.registry.workflows)
         other.runtime.dead_letter_hooks.extend(self.runtime.dead_letter_hooks)
@@ -110,8 +118,12 @@ class Fleet(AsyncClient):
         non_retryable: tuple[type[BaseException], ...] = (),
         effect: bool = False,
         idempotent: bool = False,
+        limits: Sequence[str] = (),
+        tokens: Callable[..., Any] | None = None,
     ) -> Any:
-        """Register a step: ``@fleet.step`` or ``@fleet.step(retry=..., effect=True)``."""
+        """Register a step: ``@fleet.step`` or ``@fleet.step(retry=..., effect=True)``.
+        ``limits=["openai"]``: it starts only when each named ``fleet.limit`` has room;
+        ``tokens=lambda *args, **kwargs: N`` the tokens it reserves in them."""
 
         def decorate(f: Callable[..., Any]) -> StepDef:
             return self.registry.add_step(
@@ -122,10 +134,27 @@ class Fleet(AsyncClient):
                     non_retryable=tuple(non_retryable),
                     effect=effect,
                     idempotent=idempotent,
+                    limits=check_limit_names(limits, tokens),
+                    tokens=tokens,
                 )
             )
 
         return decorate(fn) if fn is not None else decorate
+
+    def limit(
+        self,
+        name: str,
+        *,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        concurrency: int | None = None,
+        per_tenant: bool = False,
+    ) -> Limit:
+        """Declare a limit every worker shares (a provider's, per API key): a step naming
+        it in ``limits=`` starts only when it has room. ``per_tenant``: one per tenant."""
+        return self.registry.add_limit(
+            Limit(name, requests_per_minute, tokens_per_minute, concurrency, per_tenant)
+        )
 
     def workflow(
         self,
@@ -184,13 +213,23 @@ class Fleet(AsyncClient):
         *args: Any,
         run_id: str | None = None,
         budget: Mapping[str, float] | None = None,
+        tenant: str | None = None,
         **kwargs: Any,
     ) -> RunHandle:
         """Start a run. With ``run_id``, idempotent: the same id twice is one run, started
         once. ``budget={"tokens": N}`` and/or ``{"cost": X}`` (default: the workflow's):
         no step starts once the run's recorded spend reaches it; the run parks as
-        ``needs_decision`` until ``raise_budget`` or ``cancel``."""
+        ``needs_decision`` until ``raise_budget`` or ``cancel``. ``tenant`` (1-200
+        printable characters): whose run it is, stored on it and inherited by its child
+        runs (``fleet runs --tenant``, the console filter by it). Enqueued again under
+        the same ``run_id`` with another tenant, the run keeps its first one."""
         wf = self.registry.workflow(workflow)
+        if tenant is not None and (
+            not isinstance(tenant, str)
+            or not 0 < len(tenant) <= MAX_RUN_ID
+            or not tenant.isprintable()
+        ):
+            raise BadInput(f"tenant {tenant!r:.80} must be 1-{MAX_RUN_ID} printable characters")
         wf.check_call(args, kwargs)
         budget_tokens, budget_cost = check_budget(budget if budget is not None else wf.budget)
         if run_id is not None and (
@@ -209,7 +248,7 @@ class Fleet(AsyncClient):
         )
         queue = wf.queue(self.settings.queue)
         if self.runtime.ledger.create_run(
-            rid, wf.name, wf.version, pins, payload, queue, budget_tokens, budget_cost
+            rid, wf.name, wf.version, pins, payload, queue, budget_tokens, budget_cost, tenant
         ):
             self.runtime.dispatcher.advance(rid, queue)
         else:
@@ -235,104 +274,6 @@ class Fleet(AsyncClient):
         self.ensure_schema()
         rows = self.runtime.queries.dead_letters(run_id, workflow, include_replayed)
         return [DeadLetterInfo.from_row(r, self.runtime.payloads.load) for r in rows]
-
-    def replay(self, dead_letter_id: int, input: Any = _UNSET) -> RunHandle:
-        """Re-run a dead-lettered step with a fresh attempt budget (optionally with new
-        ``input``: a list of arguments, or ``{"args": [...], "kwargs": {...}}``); its run
-        resumes from that step. The dead letter is marked replayed, not deleted."""
-        self.ensure_schema()
-        letter = self.runtime.queries.dead_letter(dead_letter_id)
-        if letter is None:
-            raise BadInput(f"unknown dead letter {dead_letter_id}")
-        new_input = None
-        if input is not _UNSET:
-            call = input if isinstance(input, dict) else {"args": input, "kwargs": {}}
-            if not isinstance(call.get("args", []), list) or not isinstance(
-                call.get("kwargs", {}), dict
-            ):
-                raise BadInput(
-                    "replay input must be a JSON list of arguments or "
-                    '{"args": [...], "kwargs": {...}}'
-                )
-            new_input = self.runtime.payloads.dump(
-                {"args": call.get("args", []), "kwargs": call.get("kwargs", {})},
-                what=f"input of step {letter.step_id}",
-            )
-        refused = self.runtime.ledger.replay_dead_letter(dead_letter_id, new_input)
-        if refused is not None:
-            raise BadInput(f"dead letter {dead_letter_id} cannot be replayed: {refused}")
-        run = self.runtime.queries.run(letter.run_id)
-        assert run is not None
-        self.runtime.dispatcher.execute(
-            letter.run_id,
-            letter.step_id,
-            run.queue,
-            shadow=step_shadow(run.workflow, letter.name),
-        )
-        return RunHandle(self, letter.run_id)
-
-    def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
-        """Cancel a live run: no new step starts, a running step's lease is revoked (its
-        commit is fenced), a waiting run stops waiting. Its live children are cancelled
-        with it (not those started ``detached``); a child cancelled on its own fails its
-        parent's ``wf.child`` with ``ChildFailed``. False if it had already ended."""
-        row = self.run(run_id)._row()
-        if not self.runtime.ledger.cancel_run(run_id, reason):
-            return False
-        parent = row.parent_id and self.runtime.queries.run(row.parent_id)
-        if parent:  # its child step is settled: the parent goes on
-            self.runtime.dispatcher.advance(parent.id, parent.queue)
-        return True
-
-    def resolve(self, run_id: str, step_id: str, output: Any = _UNSET, retry: bool = False) -> None:
-        """Settle an in-doubt effect of a run in ``needs_decision``: ``output=...`` says it
-        happened and what it returned; ``retry=True`` orders it run again (same key)."""
-        if (output is _UNSET) == (not retry):
-            raise BadInput("resolve takes either output=... or retry=True")
-        row = self.run(run_id)._row()
-        text = None
-        if output is not _UNSET:
-            text = self.runtime.payloads.dump(output, what=f"output of step {step_id}")
-        if not self.runtime.ledger.resolve(run_id, step_id, text):
-            raise BadInput(
-                f"step {step_id!r} of run {run_id} is not an effect in doubt (run is {row.status})"
-            )
-        if retry:
-            step = self.runtime.queries.step(run_id, step_id)
-            name = step_id if step is None else step.name
-            self.runtime.dispatcher.execute(
-                run_id, step_id, row.queue, shadow=step_shadow(row.workflow, name)
-            )
-        else:
-            self.runtime.dispatcher.advance(run_id, row.queue)
-
-    def raise_budget(
-        self, run_id: str, tokens: int | None = None, cost: float | None = None
-    ) -> None:
-        """Let a run parked on its budget go on, with the new limit(s)."""
-        new_tokens, new_cost = check_budget(
-            {k: v for k, v in (("tokens", tokens), ("cost", cost)) if v is not None}
-        )
-        row = self.run(run_id)._row()
-        if not self.runtime.ledger.raise_budget(run_id, new_tokens, new_cost):
-            raise BadInput(f"run {run_id} is {row.status}, not waiting on its budget")
-        for step in self.runtime.queries.steps(run_id):
-            if step.kind == StepKind.TASK and step.status == StepStatus.PENDING:
-                self.runtime.dispatcher.execute(
-                    run_id, step.step_id, row.queue, shadow=step_shadow(row.workflow, step.name)
-                )
-
-    def signal(self, run_id: str, name: str, payload: Any = None) -> None:
-        """Send ``payload`` to the run's ``wf.wait_for(name)``: now, or kept until it waits.
-        Raises ``UnknownRun``, or ``BadInput`` if the run has ended."""
-        check_name(name, "signal")
-        row = self.run(run_id)._row()
-        text = self.runtime.payloads.dump(payload, what=f"payload of signal {name}")
-        if self.runtime.ledger.add_signal(run_id, name, text) is None:
-            status = (self.runtime.queries.run(run_id) or row).status
-            raise BadInput(f"run {run_id} is {status}: a signal can only go to a live run")
-        if self.runtime.ledger.deliver_signals(run_id):
-            self.runtime.dispatcher.advance(run_id, row.queue)
 
     def transcript(self, run_id: str, name: str = DEFAULT) -> TranscriptInfo:
         """Transcript ``name`` of a run as recorded: every raw message (with the step

@@ -40,11 +40,16 @@ class NonRetryable(FleetError):
 
 
 class Retry(FleetError):
-    """Raised by a step to ask for another attempt; counts against the same durable cap."""
+    """Raised by a step to ask for another attempt; counts against the same durable cap.
+    With ``limit`` (a ``fleet.limit``'s name: the provider answered 429), that limit is
+    paused for everyone for ``delay`` seconds."""
 
-    def __init__(self, delay: float | None = None, reason: str = "") -> None:
+    def __init__(
+        self, delay: float | None = None, reason: str = "", limit: str | None = None
+    ) -> None:
         super().__init__(reason or "step asked for a retry")
         self.delay = delay
+        self.limit = limit
 
 
 class StepFailed(FleetError):

@@ -17,15 +17,23 @@ deliberate change of model is a new workflow version, on its own queue. Only the
 request is checked; a provider answering with a dated name ("gpt-4o-2024-08-06" for
 "gpt-4o") is fine, and usage is recorded under the name the response gives. An
 asyncio client (``AsyncOpenAI``) works the same way: ``await`` the call.
+
+A provider's 429 that says when to come back (``Retry-After`` or ``retry-after-ms``)
+is raised as ``Retry(delay=that, limit=...)``, naming the step's first limit of
+requests or tokens per minute if it has one: that limit is closed for every worker
+for the delay (the attempt counts against the step's cap as any retry does).
 """
 
 from __future__ import annotations
 
+import email.utils
 import inspect
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from fleet.errors import NonRetryable
+from fleet.errors import NonRetryable, Retry
+from fleet.limits import rated_limit
 
 
 class UsageSink(Protocol):
@@ -70,13 +78,51 @@ def _pinned_request(ctx: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def _retry_after(exc: BaseException) -> float | None:
+    """The wait a provider's 429 asks for, in seconds; None if ``exc`` is no 429 or
+    names no wait. ``retry-after-ms`` first, else ``Retry-After`` (seconds or a date)."""
+    response = getattr(exc, "response", None)
+    status = getattr(exc, "status_code", None) or getattr(response, "status_code", None)
+    headers = getattr(response, "headers", None)
+    if status != 429 or headers is None:
+        return None
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            return max(0.0, float(ms) / 1000)
+        after = headers.get("retry-after")
+        if after is None:
+            return None
+        try:
+            return max(0.0, float(after))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(str(after))
+            return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError):  # a header that is not a wait: not ours to read
+        return None
+
+
+def _as_retry(exc: Exception) -> Exception:
+    """A 429 naming its wait as ``Retry`` (closing the step's rated limit); else ``exc``."""
+    delay = _retry_after(exc)
+    if delay is None:
+        return exc
+    return Retry(delay, f"429 from the provider: {type(exc).__name__}", limit=rated_limit())
+
+
 class _Completions:
     def __init__(self, inner: Any, ctx: UsageSink, prices: Prices) -> None:
         self._inner, self._ctx, self._prices = inner, ctx, prices
 
     def create(self, **kwargs: Any) -> Any:
         kwargs = _pinned_request(self._ctx, kwargs)
-        response = self._inner.create(**kwargs)
+        try:
+            response = self._inner.create(**kwargs)
+        except Exception as exc:
+            retry = _as_retry(exc)
+            if retry is exc:
+                raise
+            raise retry from exc
         # The asyncio client's create returns an awaitable (its decorator hides that
         # the method is a coroutine function, so the result is what tells).
         if inspect.isawaitable(response):
@@ -85,7 +131,13 @@ class _Completions:
         return response
 
     async def _recorded_later(self, pending: Any, kwargs: dict[str, Any]) -> Any:
-        response = await pending
+        try:
+            response = await pending
+        except Exception as exc:
+            retry = _as_retry(exc)
+            if retry is exc:
+                raise
+            raise retry from exc
         # In an async def step: the write on a thread, not on the loop every step shares.
         arecord = getattr(self._ctx, "arecord_usage", None)
         if arecord is not None:

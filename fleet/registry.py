@@ -12,6 +12,7 @@ from typing import Any
 
 from fleet import codec
 from fleet.errors import BadInput, UnknownWorkflow
+from fleet.limits import Limit
 from fleet.policy import RetryPolicy
 
 MAX_NAME = 200
@@ -38,6 +39,10 @@ class StepDef:
     effect: bool = False
     idempotent: bool = False
     reconcile_fn: Callable[..., Any] | None = None
+    # The fleet-wide limits it starts under (names of ``fleet.limit``s), and the tokens
+    # it reserves in them, from its arguments (None: none until it reports usage).
+    limits: tuple[str, ...] = ()
+    tokens: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if inspect.isasyncgenfunction(self.fn):
@@ -134,6 +139,18 @@ def check_budget(budget: Mapping[str, Any] | None) -> tuple[int | None, float | 
     return (None if tokens is None else int(tokens)), (None if cost is None else float(cost))
 
 
+def check_limit_names(limits: Sequence[str], tokens: Callable[..., Any] | None) -> tuple[str, ...]:
+    """A step's ``limits=``: a list of limit names (each checked as declared when the
+    step is registered), and ``tokens=``: a callable or None."""
+    if isinstance(limits, str) or not all(isinstance(n, str) for n in limits):
+        raise BadInput(f"limits= takes a list of limit names, got {limits!r:.120}")
+    if tokens is not None and not callable(tokens):
+        raise BadInput(f"tokens= takes a function of the step's arguments, got {tokens!r:.80}")
+    if tokens is not None and not limits:
+        raise BadInput("tokens= reserves tokens in limits: name them with limits=[...]")
+    return tuple(dict.fromkeys(limits))
+
+
 def check_name(name: str, what: str) -> str:
     """A workflow, step or signal name: printed by the CLI and logged, so printable only."""
     if not name or len(name) > MAX_NAME or "#" in name or not name.isprintable():
@@ -147,9 +164,24 @@ class Registry:
     def __init__(self) -> None:
         self.steps: dict[str, StepDef] = {}
         self.workflows: dict[str, WorkflowDef] = {}
+        self.limits: dict[str, Limit] = {}
+
+    def add_limit(self, limit: Limit) -> Limit:
+        """Declare a fleet-wide limit; the same name twice must mean the same limit."""
+        known = self.limits.get(limit.name)
+        if known is not None and known != limit:
+            raise BadInput(f"limit {limit.name!r} is already declared as {known}")
+        self.limits[limit.name] = limit
+        return limit
 
     def add_step(self, step: StepDef) -> StepDef:
         check_name(step.name, "step")
+        unknown = [name for name in step.limits if name not in self.limits]
+        if unknown:
+            raise BadInput(
+                f"step {step.name!r} names undeclared limit {unknown[0]!r}: "
+                f"declare it first with fleet.limit({unknown[0]!r}, ...)"
+            )
         if step.name in self.steps and self.steps[step.name].fn is not step.fn:
             raise BadInput(f"two steps are named {step.name!r}; give one an explicit name=")
         self.steps[step.name] = step

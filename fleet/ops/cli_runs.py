@@ -19,9 +19,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from fleet import codec
 from fleet.app import Fleet
 from fleet.errors import BadInput
-from fleet.ops.cli_common import AppOpt, console, err, guard, open_fleet, say
+from fleet.ops.cli_common import AppOpt, actor, console, err, guard, open_fleet, say
 from fleet.ops.render import as_json, clip, one_line, run_view, runs_table
 from fleet.states import RunStatus, StepKind, StepStatus
+from fleet.worker import gate
 
 
 def enqueue(
@@ -29,6 +30,7 @@ def enqueue(
     args: Annotated[list[str] | None, typer.Argument(help="arguments, each one JSON value")] = None,
     app_: AppOpt = None,
     run_id: Annotated[str | None, typer.Option("--run-id")] = None,
+    tenant: Annotated[str | None, typer.Option(help="whose run it is (kept on the run)")] = None,
 ) -> None:
     """Start a run; prints its id. The same --run-id twice is one run."""
 
@@ -38,13 +40,14 @@ def enqueue(
         values = [
             codec.parse_json_arg(a, what=f"argument {i}") for i, a in enumerate(args or [], 1)
         ]
-        return fleet.enqueue(workflow, *values, run_id=run_id).id
+        return fleet.enqueue(workflow, *values, run_id=run_id, tenant=tenant).id
 
     print(guard(body))
 
 
 def runs(
     status: Annotated[str | None, typer.Option(help="only runs in this status")] = None,
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's runs")] = None,
     limit: Annotated[int, typer.Option()] = 50,
     children: Annotated[
         bool, typer.Option("--children/--no-children", help="list child runs too")
@@ -59,7 +62,7 @@ def runs(
         if limit < 1:
             raise BadInput(f"--limit must be at least 1, got {limit}")
         q = open_fleet(app_).runtime.queries
-        rows = q.runs(status, limit, children=children)
+        rows = q.runs(status, limit, children=children, tenant=tenant)
         ids = [r.id for r in rows]
         console.print(runs_table(rows, {r: q.usage(r) for r in ids}, q.progress(ids)))
 
@@ -76,8 +79,9 @@ def status(
         q = fleet.runtime.queries
         run = fleet.run(run_id)._row()
         steps, attempts = q.steps(run_id), q.attempts(run_id)
+        limited = _waiting_on_limits(fleet, run)
         if json_:
-            print(as_json(_status_document(fleet, run, steps)))
+            print(as_json(_status_document(fleet, run, steps, limited)))
         else:
             console.print(
                 run_view(
@@ -88,6 +92,7 @@ def status(
                     q.incident_counts(run_id),
                     q.intents(run_id),
                     q.descendants(run_id),
+                    limited,
                 )
             )
         return 1 if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else 0
@@ -95,8 +100,19 @@ def status(
     raise typer.Exit(guard(body))
 
 
-def _status_document(fleet: Fleet, run: Any, steps: Sequence[Any]) -> dict[str, Any]:
-    """``fleet status --json``: the run, its result loaded, and its task steps."""
+def _waiting_on_limits(fleet: Fleet, run: Any) -> dict[str, tuple[str, str]]:
+    """A live run's steps waiting for room in a limit: step id → (limit, why). Asked
+    only where limits are declared and the run is live (no limiter otherwise)."""
+    if not fleet.registry.limits or run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+        return {}
+    return gate.waiting_on(fleet.runtime, run.id)
+
+
+def _status_document(
+    fleet: Fleet, run: Any, steps: Sequence[Any], limited: dict[str, tuple[str, str]]
+) -> dict[str, Any]:
+    """``fleet status --json``: the run, its result loaded, and its task steps (a step
+    waiting for room in a limit says which, and why: concurrency, requests, tokens ...)."""
     return {
         "id": run.id,
         "workflow": run.workflow,
@@ -112,6 +128,11 @@ def _status_document(fleet: Fleet, run: Any, steps: Sequence[Any]) -> dict[str, 
                 "attempts": s.attempts,
                 "epoch": s.epoch,
                 "error": s.error,
+                "waiting_on": (
+                    {"limit": limited[s.step_id][0], "why": limited[s.step_id][1]}
+                    if s.step_id in limited
+                    else None
+                ),
             }
             for s in steps
             if s.kind == StepKind.TASK
@@ -187,7 +208,7 @@ def signal_(
 
     def body() -> None:
         payload = None if data is None else codec.parse_json_arg(data, what="--data")
-        open_fleet(app_).signal(run_id, name, payload)
+        open_fleet(app_).signal(run_id, name, payload, by=actor())
         say(f"signal {name!r} sent to run {run_id}")
 
     guard(body)
@@ -212,18 +233,17 @@ def resolve(
             if step_id is not None or output is not None or retry:
                 raise BadInput("--raise-budget takes only the run id")
             limit = parse_budget(raise_budget)
-            open_fleet(app_).raise_budget(run_id, **limit)
+            open_fleet(app_).raise_budget(run_id, **limit, by=actor())
             say(f"run {run_id}: budget raised to {raise_budget}; the run goes on")
             return
         if step_id is None or (output is None) == (not retry):
             raise BadInput("give STEP_ID and exactly one of --output JSON or --retry")
         fleet = open_fleet(app_)
         if retry:
-            fleet.resolve(run_id, step_id, retry=True)
+            fleet.resolve(run_id, step_id, retry=True, by=actor())
         else:
-            fleet.resolve(
-                run_id, step_id, output=codec.parse_json_arg(output or "", what="--output")
-            )
+            value = codec.parse_json_arg(output or "", what="--output")
+            fleet.resolve(run_id, step_id, output=value, by=actor())
         say(f"step {step_id} of run {run_id} resolved; the run goes on")
 
     guard(body)
@@ -254,7 +274,7 @@ def cancel(
     """Cancel a run: no new step starts, a running step's commit is fenced."""
 
     def body() -> int:
-        if open_fleet(app_).cancel(run_id, reason):
+        if open_fleet(app_).cancel(run_id, reason, by=actor(), why=reason):
             say(f"run {run_id} cancelled")
             return 0
         say(f"run {run_id} had already ended; nothing changed", to=err)

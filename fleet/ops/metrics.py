@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from fleet.app import Fleet
 from fleet.states import Incident, RunStatus
+from fleet.worker.gate import uses
 
 log = logging.getLogger("fleet.metrics")
 
@@ -98,12 +99,33 @@ class FleetCollector(Collector):
         yield tokens
         yield cost
 
+        yield from self._limits()
+
         depth = GaugeMetricFamily(
             "fleet_queue_depth", "Messages waiting in the broker", labels=["queue"]
         )
         for queue, size in self._queue_depths(f.live_queues).items():
             depth.add_metric([queue], size)
         yield depth
+
+    def _limits(self) -> Iterator[Any]:
+        """Each limit's use now (``fleet limits``), by limit key."""
+        try:
+            found = uses(self.fleet.runtime)
+        except Exception as exc:  # the limiter's Redis down: the store's figures still count
+            log.warning("limits unavailable: %s", exc)
+            return
+        for name, doc, field in (
+            ("fleet_limit_running", "Steps holding a limit's concurrency slot", "running"),
+            ("fleet_limit_requests", "Steps started under a limit in the last minute", "requests"),
+            ("fleet_limit_tokens", "Tokens counted in a limit over the last minute", "tokens"),
+            ("fleet_limit_waiting", "Steps waiting for room in a limit", "waiting"),
+            ("fleet_limit_paused_seconds", "How long a limit stays paused (a 429)", "paused_for"),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=["limit"])
+            for use in found:
+                gauge.add_metric([use.key], getattr(use, field))
+            yield gauge
 
     def _queue_depths(self, live: list[str]) -> dict[str, int]:
         base = self.fleet.settings.queue

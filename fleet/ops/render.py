@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Group
@@ -123,6 +123,7 @@ def run_view(
     incidents: dict[str, int],
     intents: Sequence[Any] = (),
     children: Sequence[Any] = (),
+    limited: Mapping[str, tuple[str, str]] | None = None,
 ) -> Group:
     head = _grid()
     head.add_row("run", plain(run.id))
@@ -155,6 +156,8 @@ def run_view(
     if intents:
         parts.append(intents_table(intents))
     in_doubt = [s.step_id for s in steps if s.status == StepStatus.IN_DOUBT]
+    for step_id, (limit, why) in sorted((limited or {}).items()):
+        parts.append(plain(f"step {step_id} is waiting on limit {limit} ({why})", style="yellow"))
     if in_doubt:
         parts.append(
             plain(

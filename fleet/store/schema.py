@@ -41,6 +41,12 @@ class Run(SQLModel, table=True):
         Index("ix_runs_status_finished", "status", "finished_at"),
         # A run's children: cancelled with it, rolled up into its spend, shown as a tree.
         Index("ix_runs_parent", "parent_id"),
+        # The console's run list: newest first, keyset on (created_at, id), alone or
+        # filtered by status, workflow or tenant (fleet.store.browse).
+        Index("ix_runs_created", "created_at", "id"),
+        Index("ix_runs_status_created", "status", "created_at", "id"),
+        Index("ix_runs_workflow_created", "workflow", "created_at", "id"),
+        Index("ix_runs_tenant_created", "tenant", "created_at", "id"),
     )
 
     id: str = Field(primary_key=True, max_length=200)
@@ -72,6 +78,8 @@ class Run(SQLModel, table=True):
     parent_id: str | None = Field(default=None, max_length=200)
     parent_step: str | None = Field(default=None, max_length=300)
     detached: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, default=False))
+    # Whose run it is (fleet.enqueue(tenant=...)); a child run inherits its parent's.
+    tenant: str | None = Field(default=None, max_length=200)
 
 
 class Step(SQLModel, table=True):
@@ -160,6 +168,8 @@ class IncidentRow(SQLModel, table=True):
         Index("ix_incidents_kind", "kind"),
         # Retention deletes a pruned run's incidents by run id.
         Index("ix_incidents_run", "run_id"),
+        # The console counts the last hour's incidents by kind and time bucket.
+        Index("ix_incidents_at", "at"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -276,6 +286,88 @@ class Fanout(SQLModel, table=True):
     settled: int = 0
 
 
+class Audit(SQLModel, table=True):
+    """One operator's action on the fleet (cancel, signal, resolve, raise budget,
+    replay): who, what, on which run and target, why; written in the transaction of
+    the change it records, never for a refused one."""
+
+    __tablename__ = "fleet_audit"
+    __table_args__ = (
+        Index("ix_audit_run_at", "run_id", "at"),
+        Index("ix_audit_at", "at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: float = Field(sa_column=Column(Float, nullable=False))
+    actor: str = Field(max_length=200)
+    action: str = Field(max_length=40)
+    run_id: str | None = Field(default=None, max_length=200)
+    target: str | None = Field(default=None, max_length=300)
+    why: str | None = Field(default=None, sa_column=Column(Text))
+    detail: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class LimitState(SQLModel, table=True):
+    """One row per limit key in use (``name``, or ``name#tenant``): what a starting
+    step locks while it decides (so the decision is atomic across workers) and until
+    when the limit is paused (a provider's 429: ``Retry(limit=...)``)."""
+
+    __tablename__ = "fleet_limit_state"
+
+    limit_key: str = Field(primary_key=True, max_length=400)
+    paused_until: float | None = Field(default=None, sa_column=Column(Float))
+
+
+class LimitSlot(SQLModel, table=True):
+    """A step holding a concurrency slot of a limit: by the delivery that took it
+    (``token``); it lapses at ``expires_at`` unless its worker renews it."""
+
+    __tablename__ = "fleet_limit_slots"
+
+    limit_key: str = Field(primary_key=True, max_length=400)
+    run_id: str = Field(primary_key=True, max_length=200)
+    step_id: str = Field(primary_key=True, max_length=300)
+    token: str = Field(max_length=64)
+    acquired_at: float = Field(sa_column=Column(Float, nullable=False))
+    expires_at: float = Field(sa_column=Column(Float, nullable=False))
+
+
+class LimitEvent(SQLModel, table=True):
+    """A step started under a rated limit: one request and the tokens it reserved
+    (settled with what it reported); counted while younger than a minute."""
+
+    __tablename__ = "fleet_limit_events"
+    __table_args__ = (
+        Index("ix_limit_events_key_at", "limit_key", "at"),
+        Index("ix_limit_events_token", "token"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    limit_key: str = Field(max_length=400)
+    token: str = Field(max_length=64)
+    at: float = Field(sa_column=Column(Float, nullable=False))
+    tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, default=0))
+    # Whose run it was: waiting steps of a tenant that used less go first.
+    tenant: str = Field(default="-", max_length=200)
+
+
+class LimitWait(SQLModel, table=True):
+    """A step that found a limit without room: since when it waits, when it last
+    looked and when it looks again (its message's countdown: a delivery due sooner is
+    a duplicate, dropped). Gone once it starts; what ``fleet limits`` counts."""
+
+    __tablename__ = "fleet_limit_waits"
+
+    limit_key: str = Field(primary_key=True, max_length=400)
+    run_id: str = Field(primary_key=True, max_length=200)
+    step_id: str = Field(primary_key=True, max_length=300)
+    why: str = Field(max_length=20)
+    since: float = Field(sa_column=Column(Float, nullable=False))
+    seen_at: float = Field(sa_column=Column(Float, nullable=False))
+    due_at: float = Field(sa_column=Column(Float, nullable=False))
+    tenant: str = Field(default="-", max_length=200)
+
+
 runs = Run.__table__  # type: ignore[attr-defined]
 steps = Step.__table__  # type: ignore[attr-defined]
 attempts = StepAttempt.__table__  # type: ignore[attr-defined]
@@ -288,3 +380,8 @@ dead_messages = DeadMessage.__table__  # type: ignore[attr-defined]
 messages = Message.__table__  # type: ignore[attr-defined]
 compactions = Compaction.__table__  # type: ignore[attr-defined]
 fanouts = Fanout.__table__  # type: ignore[attr-defined]
+audit = Audit.__table__  # type: ignore[attr-defined]
+limit_state = LimitState.__table__  # type: ignore[attr-defined]
+limit_slots = LimitSlot.__table__  # type: ignore[attr-defined]
+limit_events = LimitEvent.__table__  # type: ignore[attr-defined]
+limit_waits = LimitWait.__table__  # type: ignore[attr-defined]

@@ -25,6 +25,7 @@ from fleet.secrets import redacting
 from fleet.states import Incident, IntentOutcome
 from fleet.store.engine import CommitUnknown
 from fleet.store.ledger import Committed, Lease, TakeRefused
+from fleet.worker import gate as limits_gate
 from fleet.worker import process
 from fleet.worker.aio import Runner
 from fleet.worker.context import Attempt, StepContext
@@ -84,8 +85,14 @@ def take(rt: Runtime, run_id: str, step_id: str) -> Attempt | None:
         )
         log.error("run %s needs step %r, which this worker does not have", run_id, step.name)
         return None
+    # A step naming limits takes room in them first; with none it holds no worker.
+    live = not (step.status.finished or run.status.finished)
+    if sd.limits and live and not limits_gate.admit(rt, run, step, sd):
+        return None
     lease = rt.ledger.take_lease(run_id, step_id, rt.worker_name, rt.settings.lease_seconds)
     if isinstance(lease, TakeRefused):
+        if sd.limits:
+            limits_gate.refused(rt, run_id, step_id)
         refused(rt, run, step_id, lease)
         return None
     return Attempt(rt, run, sd, lease)
@@ -115,7 +122,8 @@ def perform(att: Attempt) -> Output | None:
     rt, sd, lease = att.rt, att.sd, att.lease
     # Redacting: the secrets this attempt uses never show in what it records or logs.
     proc = process.current()
-    with Heartbeat(rt, lease, proc.beater) as hb, redacting() as redact:
+    # The limits' room is held while the body runs and given back however it ends.
+    with limits_gate.holding(att), Heartbeat(rt, lease, proc.beater) as hb, redacting() as redact:
         ctx = StepContext(rt, lease, hb, codec.decode(att.run.pins))
         call = Runner(proc.loop, hb, sd.name)  # an async def on the process's loop
         what = f"output of step {lease.step_id}"
@@ -136,6 +144,7 @@ def perform(att: Attempt) -> Output | None:
             failure: Exception = exc
         # Outside the except clause: an error recording the failure must not carry the
         # step's exception (and any secret it quotes) into Celery's log.
+        limits_gate.on_failure(att, failure)
         failed(att, failure, redact)
         return None
 
@@ -201,6 +210,8 @@ def _claimed(
 ) -> tuple[Replayed | None, T | None]:
     if replayed is None or claim is None:
         return replayed, None
+    if any(rt.registry.steps[t.name].limits for t in replayed.tasks if t.name in rt.registry.steps):
+        return replayed, None  # a step naming limits is sent: it takes room before its lease
     return claim(rt, replayed)
 
 
