@@ -17,7 +17,8 @@ Parks many runs (10,000 by default) of ``bench.agent_flows.approval`` (one no-op
 * signal-to-resumed latency: ``--sample`` parked runs signalled at ``--rate`` per second
   by ``Fleet.signal``; from just before each call to the resumed run's next step
   starting (its attempt's ``started_at``) and to the run finishing (``finished_at``),
-  both on the store's clock (same host as this client).
+  both on the store's clock (same host as this client); and from just after the call
+  returned to the step starting (the workers' part, without the call's own time).
 
 Parking is slow (two runs' worth of replays and leases per run), so it is done once and
 the latency sample is repeated ``--reps`` times, each on runs not signalled before.
@@ -183,10 +184,13 @@ def fresh_runs(client: Fleet, svc: Services, reps: int) -> dict[str, Any]:
 # --- phase 3: signal to resumed ---------------------------------------------------------
 
 
-def send_signals(client: Fleet, ids: list[str], rate: float) -> tuple[dict[str, float], float]:
-    """Signal each run at a steady ``rate``; the wall-clock time just before each call,
-    and the median call duration (ms)."""
+def send_signals(
+    client: Fleet, ids: list[str], rate: float, returned: dict[str, float] | None = None
+) -> tuple[dict[str, float], float]:
+    """Signal each run at a steady ``rate``; the wall-clock time just before each call
+    (and in ``returned``, just after it), and the median call duration (ms)."""
     sent: dict[str, float] = {}
+    returned = {} if returned is None else returned
     calls = []
     start = time.perf_counter()
     for i, run_id in enumerate(ids):
@@ -197,6 +201,7 @@ def send_signals(client: Fleet, ids: list[str], rate: float) -> tuple[dict[str, 
         t0 = time.perf_counter()
         client.signal(run_id, "go", {"i": i})
         calls.append((time.perf_counter() - t0) * 1000)
+        returned[run_id] = time.time()
     return sent, statistics.median(calls)
 
 
@@ -213,7 +218,8 @@ def succeeded(client: Fleet, ids: list[str]) -> int:
 def latency(client: Fleet, ids: list[str], rate: float) -> dict[str, float]:
     """One sample: signal ``ids``, wait for them to finish, read the store's timestamps."""
     t0 = time.perf_counter()
-    sent, call_ms = send_signals(client, ids, rate)
+    returned: dict[str, float] = {}
+    sent, call_ms = send_signals(client, ids, rate, returned)
     send_s = time.perf_counter() - t0
     wait_until(lambda: succeeded(client, ids) == len(ids), 120, "the signalled runs", 0.25)
     rows = query(
@@ -225,6 +231,8 @@ def latency(client: Fleet, ids: list[str], rate: float) -> dict[str, float]:
     )
     to_step = [(r.started_at - sent[r.id]) * 1000 for r in rows]
     to_end = [(r.finished_at - sent[r.id]) * 1000 for r in rows]
+    # From the signal's return (committed, its advance sent): the workers' part alone.
+    after_call = [(r.started_at - returned[r.id]) * 1000 for r in rows]
     return {
         "signals": len(ids),
         "achieved_rate": len(ids) / send_s,
@@ -233,6 +241,8 @@ def latency(client: Fleet, ids: list[str], rate: float) -> dict[str, float]:
         "to_step_p99_ms": percentile(to_step, 99),
         "to_end_p50_ms": percentile(to_end, 50),
         "to_end_p99_ms": percentile(to_end, 99),
+        "after_call_p50_ms": percentile(after_call, 50),
+        "after_call_p99_ms": percentile(after_call, 99),
     }
 
 
@@ -294,7 +304,11 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"sweeper tick over {args.runs} waiting runs: {result['sweep_ms']:.1f} ms")
     s = result["latency"]
     print(f"signal to resumed, {args.sample} signals at {args.rate:g}/s, ms (over reps):")
-    for label, key in (("next step started", "to_step"), ("run finished", "to_end")):
+    for label, key in (
+        ("next step started", "to_step"),
+        ("run finished", "to_end"),
+        ("step, from return", "after_call"),
+    ):
         p50 = spread([x[f"{key}_p50_ms"] for x in s], "{:.0f}")
         p99 = spread([x[f"{key}_p99_ms"] for x in s], "{:.0f}")
         print(f"  {label:<18} p50 {p50}  p99 {p99}")

@@ -65,6 +65,11 @@ class Settings:
     # A task that finishes a step runs the run's next step itself, when the replay
     # records exactly one, up to this many steps per task (1: every step is a message).
     inline_steps: int = 50
+    # A worker running its tasks as threads or greenlets keeps one store connection per
+    # task it runs at once (``--concurrency``), up to this many (Postgres), and 5 more
+    # for its own threads, opening none beyond (the default 10 + 5: the most a process
+    # held before, kept open): keep (this + 5) x such processes under max_connections.
+    db_pool_max: int = 10
     # 0: derived from the lease (see ``visibility_timeout``).
     visibility_timeout_seconds: float = 0.0
     # FLEET_RETENTION (``30d``): the sweeper prunes runs finished longer ago than this many
@@ -74,6 +79,12 @@ class Settings:
     # past either the run fails with one line naming the limit (LimitExceeded).
     max_fanout: int = 10_000
     max_steps: int = 100_000
+    # The console (``fleet console``): ``user:password[,user2:pw2]`` for HTTP basic, or
+    # the header a trusted reverse proxy sets to the user; the secret its forms are
+    # signed with (random per process when unset). Never in a repr: they are passwords.
+    console_auth: str | None = field(default=None, repr=False)
+    console_proxy_header: str | None = None
+    console_secret: str | None = field(default=None, repr=False)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -92,9 +103,13 @@ class Settings:
             visibility_timeout_seconds=_float(env, "FLEET_VISIBILITY_TIMEOUT", 0.0),
             shutdown_grace=_float(env, "FLEET_SHUTDOWN_GRACE", cls.shutdown_grace),
             inline_steps=int(_float(env, "FLEET_INLINE_STEPS", cls.inline_steps)),
+            db_pool_max=_count(env, "FLEET_DB_POOL_MAX", cls.db_pool_max),
             retention=env_duration(env, "FLEET_RETENTION"),
             max_fanout=_count(env, "FLEET_MAX_FANOUT", cls.max_fanout),
             max_steps=_count(env, "FLEET_MAX_STEPS", cls.max_steps),
+            console_auth=env.get("FLEET_CONSOLE_AUTH") or None,
+            console_proxy_header=env.get("FLEET_CONSOLE_PROXY_HEADER") or None,
+            console_secret=env.get("FLEET_CONSOLE_SECRET") or None,
         )
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -97,7 +97,20 @@ def sqlite_path(url: str) -> Path | None:
     return Path(name)
 
 
-def make_engine(url: str) -> Engine:
+# Postgres connections kept per process until the process says how many it runs at
+# once (``Database.size_pool``), and opened beyond the pool at a peak (then closed).
+POOL_SIZE = 5
+POOL_OVERFLOW = 10
+# A sized pool keeps this many more for the process's own threads (heartbeats, the
+# async steps' loop) and opens none beyond: past it, tasks wait in the pool's queue
+# for a connection rather than open one and close it again at every peak.
+SIZED_HEADROOM = 5
+
+
+def make_engine(url: str, pool_size: int | None = None) -> Engine:
+    """The engine; on Postgres, a pool for ``pool_size`` tasks at once (None: the
+    default pool, for a process that does not say), handed out most recently used
+    first so that a large pool's idle tail is not pinged back to life on every checkout."""
     path = sqlite_path(url)
     if path is not None and not path.exists():
         _create_sqlite_file(url, path)
@@ -106,7 +119,12 @@ def make_engine(url: str) -> Engine:
             engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
             _configure_sqlite(engine)
             return engine
-        engine = create_engine(url, pool_size=5, max_overflow=10)
+        engine = create_engine(
+            url,
+            pool_size=POOL_SIZE if pool_size is None else pool_size + SIZED_HEADROOM,
+            max_overflow=POOL_OVERFLOW if pool_size is None else 0,
+            pool_use_lifo=pool_size is not None,
+        )
     except (NoSuchModuleError, ImportError) as exc:
         raise BadInput(f"database URL {redact(url)} cannot be used: {exc}") from None
     _ping_idle_connections(engine)
@@ -204,6 +222,7 @@ class Database:
         self._engine: Engine | None = None
         self._pid = 0
         self._lock = threading.Lock()
+        self._pool_size: int | None = None
         self.history = HistoryCache()
         self.messages = MessageCache()
 
@@ -216,9 +235,25 @@ class Database:
                     self._engine.dispose(close=False)
                     self._engine = None
                 if self._engine is None:
-                    self._engine = make_engine(self.url)
+                    self._engine = make_engine(self.url, self._pool_size)
                     self._pid = os.getpid()
         return self._engine
+
+    def size_pool(self, size: int) -> None:
+        """Keep a connection per task for ``size`` tasks run at once in this process
+        (Postgres), and ``SIZED_HEADROOM`` more, opening none beyond: a worker's
+        threads or greenlets would otherwise open and close connections past the
+        default pool at every peak. An engine already made is replaced (its idle
+        connections closed; one in use is closed when given back)."""
+        if size < 1:
+            raise BadInput(f"a connection pool for {size} tasks cannot serve anyone")
+        with self._lock:
+            if size == self._pool_size:
+                return
+            self._pool_size = size
+            if self._engine is not None and self._pid == os.getpid():
+                self._engine.dispose()
+                self._engine = None
 
     @property
     def dialect(self) -> str:

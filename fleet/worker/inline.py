@@ -7,6 +7,13 @@ transaction also takes the lease of the run's next step if the replay recorded e
 one; that step is then not sent but run here. A step kept so is in the store already:
 if this process dies before taking it (or while running it), the sweeper sends it.
 Fan-outs are still sent, one message per item, so that any worker can take them.
+
+An advance that resumes a waiting run (its signal came, its timer fired) does the same
+with the first task step its replay recorded (``advance_steps``): the others are sent,
+that one is taken through the path a delivery takes (``attempt.take``) and run here.
+The replay has recorded it in the store already, so the sweeper sends it if this
+process dies first; a message for it that is also delivered drops itself on the live
+lease. The advance of a new run or of a run that was not waiting sends its steps.
 """
 
 from __future__ import annotations
@@ -17,13 +24,15 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from fleet.logs import log_context
+from fleet.states import RunStatus
 from fleet.store.ledger import Lease, TakeRefused
 from fleet.worker import process
 from fleet.worker.attempt import commit, perform, running, take
 from fleet.worker.context import Attempt
 from fleet.worker.failures import refused
-from fleet.worker.replay import Replayed
+from fleet.worker.replay import Replayed, replay_run
 from fleet.worker.runtime import Runtime
+from fleet.worker.workflow import NewTask
 
 # However many steps ``inline_steps`` allows, a task hands the run back to the queue
 # after this long, so one long run does not keep a worker slot from the others.
@@ -46,6 +55,40 @@ def run_steps(
         ran += 1
         att = _run_one(att, partial(more, ran))
     return ran
+
+
+def advance_steps(rt: Runtime, run_id: str) -> int:
+    """What the ``fleet.advance`` task does: replay the run (``replay.advance``), send
+    what it recorded but its first task step, and execute that one here, then the
+    run's next ones as ``run_steps`` does, if the run was waiting. Returns how many
+    attempts it ran."""
+    with log_context(run_id=run_id):
+        snapshot = rt.queries.snapshot(run_id)
+        resumed = snapshot is not None and snapshot[0].status == RunStatus.WAITING
+        replayed = replay_run(rt, run_id, snapshot)
+    if replayed is None:
+        return 0
+    first = _first_to_run(rt, replayed) if resumed else None
+    if first is None:
+        replayed.send(rt)
+        return 0
+    replace(replayed, tasks=[t for t in replayed.tasks if t is not first]).send(rt)
+    return run_steps(rt, run_id, first.step_id)
+
+
+def _first_to_run(rt: Runtime, replayed: Replayed) -> NewTask | None:
+    """The task step an advance runs itself: the first one recorded, unless this
+    worker does not have it, it names limits (sent: it takes room before its lease),
+    the task may run none (``inline_steps`` 0) or a shutdown has begun."""
+    if not replayed.tasks or rt.settings.inline_steps < 1:
+        return None
+    if process.current().stopping.is_set():
+        return None
+    first = replayed.tasks[0]
+    sd = rt.registry.steps.get(first.name)
+    if sd is None or sd.limits:
+        return None
+    return first
 
 
 def _task_limits(rt: Runtime) -> Callable[[int], bool]:

@@ -14,8 +14,7 @@ from fleet.states import Incident
 from fleet.worker import process
 from fleet.worker.dispatch import ADVANCE, EXECUTE
 from fleet.worker.envelope import Malformed, check_ids, one_line
-from fleet.worker.inline import run_steps
-from fleet.worker.replay import advance
+from fleet.worker.inline import advance_steps, run_steps
 from fleet.worker.runtime import Runtime
 
 log = logging.getLogger("fleet.tasks")
@@ -69,6 +68,26 @@ def _add_workflow_queues(sender: Any, instance: Any, **_: Any) -> None:
             queues.select_add(name)
 
 
+# The pools that run a worker's tasks in its own process, as threads or greenlets, all
+# of them sharing its store connections; prefork's children run one task at a time.
+_SHARED_POOLS = frozenset(
+    {"celery.concurrency.thread", "celery.concurrency.gevent", "celery.concurrency.eventlet"}
+)
+
+
+def _size_store_pool(sender: Any, instance: Any, **_: Any) -> None:
+    """A worker running ``--concurrency`` tasks in this process keeps that many store
+    connections open, up to ``FLEET_DB_POOL_MAX`` (and a few for its own threads; the
+    rest wait their turn in the pool's queue), instead of opening and closing
+    connections past the default pool at every peak."""
+    rt = process.current().runtime_of(instance.app)
+    if rt is None or getattr(instance.pool_cls, "__module__", None) not in _SHARED_POOLS:
+        return
+    size = min(int(instance.concurrency), rt.settings.db_pool_max)
+    rt.db.size_pool(size)
+    log.info("store connections: %d for %d concurrent tasks", size, instance.concurrency)
+
+
 def register(celery: Celery, rt: Runtime) -> None:
     """Bind the tasks to this app only (``shared=False``): Celery's default would bind
     them to every app in the process, so a second Fleet's tasks would reach the first
@@ -85,13 +104,14 @@ def register(celery: Celery, rt: Runtime) -> None:
     celeryd_after_setup.connect(
         _add_workflow_queues, weak=False, dispatch_uid="fleet.workflow_queues"
     )
+    celeryd_after_setup.connect(_size_store_pool, weak=False, dispatch_uid="fleet.store_pool")
 
     @celery.task(name=ADVANCE, ignore_result=True, shared=False)
     def advance_task(*args: Any) -> None:
         ids = _ids(args, ADVANCE)
         if ids is None:
             return malformed(ADVANCE, args)
-        advance(rt, ids[0])
+        advance_steps(rt, ids[0])
 
     @celery.task(name=EXECUTE, ignore_result=True, shared=False)
     def execute_task(*args: Any) -> None:
