@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from fleet.errors import BadInput
-from fleet.ops import cli_admin, cli_runs, cli_transcript
+from fleet.ops import cli_admin, cli_console, cli_limits, cli_runs, cli_transcript
 from fleet.ops.cli_common import console, guard
 from fleet.ops.cli_messages import messages_app
 
@@ -60,7 +60,9 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "status": cli_runs.status,
     "watch": cli_runs.watch,
     "transcript": cli_transcript.transcript,
+    "limits": cli_limits.limits,
     "metrics": cli_admin.metrics,
+    "console": cli_console.console,
     "signal": cli_runs.signal_,
     "resolve": cli_runs.resolve,
     "cancel": cli_runs.cancel,

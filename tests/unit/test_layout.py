@@ -90,12 +90,13 @@ def test_every_top_level_module_but_the_store_is_kept_from_sql() -> None:
 
 
 def test_the_operator_tools_write_only_through_fleet() -> None:
-    """Invariant 13's first half: the CLI, the demo and the metrics never reach the
-    store's writer, not even as an attribute (``fleet.runtime.ledger``), which no import
-    contract would see."""
+    """Invariant 13's first half: the CLI, the console, the demo and the metrics never
+    reach the store's writer, not even as an attribute (``fleet.runtime.ledger``), which
+    no import contract would see."""
     reaching = [
         str(path.relative_to(ROOT))
-        for path in sorted((FLEET / "ops").rglob("*.py"))
+        for floor in ("ops", "console")
+        for path in sorted((FLEET / floor).rglob("*.py"))
         if re.search(r"\.ledger\b", path.read_text())
     ]
     assert reaching == []

@@ -1,0 +1,106 @@
+"""The fleet page (GET ``/fleet``): each queue and its depth, each worker with the steps
+it runs and their leases, limits' use (``fleet.worker.gate.uses``, as ``fleet limits``),
+and incidents over the last hour by 5 minutes.
+
+The queues are the ones this app's workers consume: the default queue and one per
+registered workflow version (``Registry.queues``; the runs are not scanned for them,
+so a queue only another app's workflows use is not listed). Depth is the broker's:
+kombu's virtual channel sizes a queue for both of fleet's transports, ``LLEN`` over
+its priority lists on Redis, the files named for it in the filesystem transport's
+folder. A broker that cannot be reached shows "unavailable"
+instead of a number; the page still shows everything the store knows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from fleet.app import Fleet
+from fleet.console.render import Console, page
+from fleet.worker.gate import uses
+
+log = logging.getLogger("fleet.console")
+
+HOUR = 3600.0
+BUCKET = 300.0
+
+
+def queue_depths(fleet: Fleet, queues: Sequence[str]) -> dict[str, int | None]:
+    """Messages waiting on each queue; None for each when the broker is unreachable."""
+    depths: dict[str, int | None] = {}
+    try:
+        with fleet.celery.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1, timeout=1)
+            channel: Any = conn.default_channel
+            for queue in queues:
+                depths[queue] = int(channel._size(queue))
+    except Exception as exc:  # the page shows what the store knows without it
+        log.warning("console: the broker's queue depths are unavailable: %s", exc)
+        return {queue: None for queue in queues}
+    return depths
+
+
+def incident_table(
+    rows: Sequence[tuple[float, str, int]], now: float
+) -> tuple[list[float], dict[str, list[int]]]:
+    """``(bucket_start, kind, count)`` rows as one row per kind, one column per bucket
+    of the last hour (oldest first), zeros where nothing happened."""
+    start = (now - HOUR) // BUCKET * BUCKET
+    buckets = [start + i * BUCKET for i in range(int(HOUR // BUCKET) + 1)]
+    index = {b: i for i, b in enumerate(buckets)}
+    kinds: dict[str, list[int]] = {}
+    for bucket_start, kind, count in rows:
+        i = index.get(float(bucket_start) // BUCKET * BUCKET)
+        if i is not None:
+            kinds.setdefault(str(kind), [0] * len(buckets))[i] += int(count)
+    return buckets, dict(sorted(kinds.items()))
+
+
+def limit_rows(fleet: Fleet) -> list[dict[str, str]]:
+    """Each declared limit's use (a per-tenant one: one row per tenant seen): what is
+    declared, what is used of it now, how many steps wait for room."""
+    declared = fleet.registry.limits
+    if not declared:
+        return []
+    rows = []
+    for use in uses(fleet.runtime):
+        limit = declared[use.key.partition("#")[0]]
+        bounds = [
+            (use.running, limit.concurrency, "running"),
+            (use.requests, limit.requests_per_minute, "requests/min"),
+            (use.tokens, limit.tokens_per_minute, "tokens/min"),
+        ]
+        rows.append(
+            {
+                "name": use.key,
+                "declared": ", ".join(f"{n:,} {what}" for _, n, what in bounds if n),
+                "use": ", ".join(f"{u:,}/{n:,} {what}" for u, n, what in bounds if n),
+                "waiting": str(use.waiting),
+                "paused": f"{use.paused_for:.0f}s" if use.paused_for > 0 else "",
+            }
+        )
+    return rows
+
+
+def show(c: Console, request: Request) -> Response:
+    # The queues this app's workers consume (as ``fleet worker`` computes them): no
+    # scan of the runs for the queues they are on.
+    queues = c.fleet.registry.queues(c.fleet.settings.queue)
+    now = time.time()
+    buckets, incidents = incident_table(c.browse.incidents_by_bucket(now - HOUR, BUCKET), now)
+    return page(
+        c,
+        request,
+        "fleet.html",
+        depths=queue_depths(c.fleet, queues),
+        workers=c.browse.workers(),
+        limits=limit_rows(c.fleet),
+        buckets=buckets,
+        incidents=incidents,
+    )

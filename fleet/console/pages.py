@@ -1,0 +1,144 @@
+"""The console's list pages (GET): runs (filtered, searched, paged by keyset, live),
+the approval inbox, the audit log; and ``handler``, which runs a page's reads on
+Starlette's thread pool (fleet's reads are blocking calls)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from fleet.console.render import Console, Refused, page, path, root
+from fleet.durations import parse_duration
+from fleet.errors import BadInput
+from fleet.states import RunStatus
+
+FILTERS = ("status", "workflow", "tenant", "since", "until", "q")
+PAGE_SIZE = 50
+STATUSES = [s.value for s in RunStatus]
+
+
+def handler(c: Console, fn: Callable[[Console, Request], Response]) -> Callable[..., Any]:
+    """An endpoint running ``fn(console, request)`` off the event loop."""
+
+    async def endpoint(request: Request) -> Response:
+        return await run_in_threadpool(fn, c, request)
+
+    endpoint.__name__ = fn.__name__
+    return endpoint
+
+
+def _moment(text: str, name: str, now: Callable[[], float]) -> float:
+    """``2h`` (that long ago by the store's clock) or an ISO date/time (UTC unless it
+    says) as a timestamp."""
+    if text[:1].isdigit() and text[-1:].isalpha() and "-" not in text:
+        try:
+            return now() - parse_duration(text, name)
+        except BadInput:
+            pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise Refused(
+            400, f"{name} {text!r} is neither a duration (like 2h or 3d) nor an ISO date"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def runs_filters(c: Console, params: Mapping[str, str]) -> dict[str, Any]:
+    """The runs list's filters from a query string, checked: keyword arguments for
+    ``Browse.runs_page`` and ``Browse.runs_fingerprint`` (a page of ``PAGE_SIZE``)."""
+    found: dict[str, Any] = {}
+    for name in FILTERS:
+        value = params.get(name, "").strip()
+        if value:
+            found[name] = value
+    status = found.get("status")
+    if status is not None and status not in {s.value for s in RunStatus}:
+        raise Refused(400, f"unknown status {status!r} (one of: {', '.join(RunStatus)})")
+    for name in ("since", "until"):
+        if name in found:
+            found[name] = _moment(found[name], name, c.browse.now)
+    found["limit"] = PAGE_SIZE
+    return found
+
+
+def runs_rows(c: Console, filters: Mapping[str, Any], root: str) -> str:
+    """The runs table's body for these filters (what the live list sends)."""
+    return c.fragment("runs_rows.html", rows=_page(c, filters, None).rows, root=root)
+
+
+def _page(c: Console, filters: Mapping[str, Any], after: str | None) -> Any:
+    try:
+        return c.browse.runs_page(**filters, after=after)
+    except BadInput as exc:  # a cursor from elsewhere
+        raise Refused(400, str(exc)) from None
+
+
+def runs(c: Console, request: Request) -> Response:
+    params = request.query_params
+    raw = {name: params.get(name, "") for name in FILTERS}
+    try:
+        filters = runs_filters(c, params)
+    except Refused as exc:
+        return page(
+            c,
+            request,
+            "runs.html",
+            400,
+            error=exc.line,
+            raw=raw,
+            rows=[],
+            next_href=None,
+            events=None,
+            statuses=STATUSES,
+        )
+    q = filters.get("q")
+    if q and c.fleet.runtime.queries.run(q) is not None:
+        return RedirectResponse(f"{root(request)}/runs/{path(q)}", 303)
+    after = params.get("after") or None
+    found = _page(c, filters, after)
+    query = {k: v for k, v in raw.items() if v}
+    next_href = None
+    if found.next:
+        next_href = "/runs?" + urlencode({**query, "after": found.next})
+    return page(
+        c,
+        request,
+        "runs.html",
+        raw=raw,
+        rows=found.rows,
+        next_href=next_href,
+        # Only the first page is live: a later page is a fixed window of older runs.
+        events=None if after else "/events/runs?" + urlencode(query),
+        statuses=STATUSES,
+    )
+
+
+def inbox(c: Console, request: Request) -> Response:
+    return page(c, request, "inbox.html", waits=c.browse.waiting_on_signal())
+
+
+def audit(c: Console, request: Request) -> Response:
+    return page(c, request, "audit.html", rows=c.browse.audit(limit=200))
+
+
+def positive(text: str, name: str, default: float | None = None) -> float | None:
+    """A positive finite number from a form field (empty: ``default``)."""
+    if not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise Refused(400, f"{name} {text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise Refused(400, f"{name} must be a positive number, got {text!r}")
+    return value
