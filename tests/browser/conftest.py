@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, BrowserType, Page, Playwright, expect, sync_playwright
 
 from fleet import Fleet
 from fleet.testing import FleetProcess
@@ -50,6 +50,31 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+# Playwright's sync API keeps an event loop running in this thread while it is started.
+# pytest-playwright starts it once per session, so every later test in the same xdist
+# worker (an asyncio.run() of the async client's tests) would find a loop running: here
+# it lives for one browser test module and is stopped after it.
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    pw = sync_playwright().start()
+    yield pw
+    pw.stop()
+
+
+@pytest.fixture(scope="module")
+def browser_type(playwright: Playwright, browser_name: str) -> BrowserType:
+    return getattr(playwright, browser_name)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def browser(
+    browser_type: BrowserType, browser_type_launch_args: dict[str, Any]
+) -> Iterator[Browser]:
+    launched = browser_type.launch(**browser_type_launch_args)
+    yield launched
+    launched.close()
+
+
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
     """pytest-playwright's launch options, pointed at the system's Chromium."""
@@ -61,11 +86,12 @@ def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[s
     return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
 
 
-@pytest.fixture(scope="session")
-def browser_context_args(browser_context_args: dict[str, Any]) -> dict[str, Any]:
-    """Every page signs in as alice (HTTP Basic) in a 1280x800 window (the screenshots' size)."""
+@pytest.fixture(scope="module")
+def browser_context_args() -> dict[str, Any]:
+    """Every page signs in as alice (HTTP Basic) in a 1280x800 window (the screenshots' size).
+    Not built on pytest-playwright's own (session-wide: it would start Playwright for the
+    session, see ``playwright``); no device emulation or base URL is used here."""
     return {
-        **browser_context_args,
         "viewport": {"width": 1280, "height": 800},
         "http_credentials": {"username": USER, "password": PASSWORD},
     }
