@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet import RetryPolicy, StepContext, WorkflowContext
-from tasks.app import fleet
+from tasks.app import MODEL_LIMITS, call_tokens, fleet
 from tasks.model import DEFAULT_MODEL, get_model
 from tasks.research import research
 
@@ -143,7 +143,7 @@ TOOLS = {f.name: f for f in (list_notes, read_note, write_note, delete_note, res
 # --- the model's steps ------------------------------------------------------------------
 
 
-@fleet.step(retry=STEP_RETRY)
+@fleet.step(retry=STEP_RETRY, limits=MODEL_LIMITS, tokens=call_tokens)
 def model_turn(ctx: StepContext, chat: Any, turn: int) -> dict[str, Any]:
     """Ask the run's pinned model for the next message, shown ``chat`` (a window)."""
     tag = {"run": ctx.run_id, "turn": turn, "attempt": ctx.attempt}
@@ -153,7 +153,7 @@ def model_turn(ctx: StepContext, chat: Any, turn: int) -> dict[str, Any]:
     return reply.data
 
 
-@fleet.step(retry=STEP_RETRY)
+@fleet.step(retry=STEP_RETRY, limits=MODEL_LIMITS, tokens=call_tokens)
 def summarize(ctx: StepContext, messages: Any) -> list[dict[str, Any]]:
     """The head of the new window: the system prompt, then a summary of ``messages``."""
     seen = list(messages)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleet import RetryPolicy, StepContext, WorkflowContext
-from tasks.app import fleet
+from tasks.app import MODEL_LIMITS, call_tokens, fleet
 from tasks.model import DEFAULT_MODEL, Completion, get_model
 from tasks.search import search, search_hits
 
@@ -33,7 +33,7 @@ def _texts(answers: list[Any]) -> list[str]:
     return [str(a["answer"]) if isinstance(a, dict) else str(a) for a in answers]
 
 
-@fleet.step(retry=STEP_RETRY)
+@fleet.step(retry=STEP_RETRY, limits=MODEL_LIMITS, tokens=call_tokens)
 def llm_plan(ctx: StepContext, topic: str) -> dict[str, Any]:
     """Ask the model for sub-questions: ``{"subquestions": [...]}``."""
     completion = get_model().plan(topic)
@@ -49,7 +49,7 @@ def search_docs(ctx: StepContext, question: str) -> list[str]:
     return search(question, k=3)
 
 
-@fleet.step(retry=STEP_RETRY)
+@fleet.step(retry=STEP_RETRY, limits=MODEL_LIMITS, tokens=call_tokens)
 def answer(ctx: StepContext, question: str) -> dict[str, Any]:
     """Search the corpus, then ask the model: ``{"question", "answer", "sources"}``."""
     hits = search_hits(question, k=3)
@@ -62,7 +62,7 @@ def answer(ctx: StepContext, question: str) -> dict[str, Any]:
     }
 
 
-@fleet.step(retry=STEP_RETRY)
+@fleet.step(retry=STEP_RETRY, limits=MODEL_LIMITS, tokens=call_tokens)
 def llm_critique(ctx: StepContext, topic: str, answers: list[Any], round_no: int) -> dict[str, Any]:
     """Ask the model what the answers say least clearly, and pick a follow-up question."""
     question = f"Which points about {topic} need more support?"
@@ -72,7 +72,7 @@ def llm_critique(ctx: StepContext, topic: str, answers: list[Any], round_no: int
     return {"round": round_no, "critique": completion.text, "followup": followup}
 
 
-@fleet.step(retry=STEP_RETRY)
+@fleet.step(retry=STEP_RETRY, limits=MODEL_LIMITS, tokens=call_tokens)
 def llm_synthesize(ctx: StepContext, topic: str, answers: list[Any]) -> str:
     """Ask the model for the final report."""
     completion = get_model().synthesize(topic, _texts(answers))

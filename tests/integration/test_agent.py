@@ -22,6 +22,7 @@ import pytest
 from fleet import Fleet, Settings
 from fleet.states import AttemptOutcome, StepStatus
 from fleet.testing import SWEEPER_READY, FleetProcess, sweeper_argv
+from fleet.worker.gate import uses
 from tasks import agent
 from tasks import app as tasks_app
 from tasks.model import read_calls
@@ -91,7 +92,7 @@ def test_killed_mid_loop_the_agent_resumes_into_the_same_conversation(
     target = turns[turn - 1]["tool_calls"][0]["id"]
     print(f"AGENT_KILL_SEED={seed}: killing the worker in {target} (turn {turn})")
 
-    second = fleet.enqueue("agent")
+    second = fleet.enqueue("agent", tenant="acme")
     fleet.signal(second.id, "approval", APPROVAL)  # kept for the wait before delete_note
     running = poll(
         lambda: (
@@ -146,6 +147,13 @@ def test_killed_mid_loop_the_agent_resumes_into_the_same_conversation(
         for op, name in (("write", "digest"), ("delete", "scratch"))
     }
     assert json.loads(resumed.messages[-2].message["content"]) == {"deleted": "scratch"}
+
+    # Every model call went through the provider's limits the example declares
+    # (tasks/app.py): counted (the second run's 9 at least are in the last minute), and
+    # every slot given back.
+    use = {u.key: u for u in uses(fleet.runtime)}
+    assert use["model"].requests >= 9 and use["model"].tokens > 0, use
+    assert use["model"].running == use["per-tenant#acme"].running == 0, use
 
 
 def test_a_refused_approval_keeps_the_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
