@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleet import Fleet
-from tests.harness import Backend, Cluster, InlineBroker, client_for, make_backend
+from tests.harness import Backend, Cluster, InlineBroker, backend_while, client_for
 
 # pytest-xdist gives its workers COLUMNS=80 and LINES=24; the CLI (in process, and in
 # the subprocesses that inherit them) would then cut its tables, and the ids in them, to
@@ -28,10 +28,7 @@ def _clean_fleet_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(params=["sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """The same test on the embedded default and on Postgres + Redis."""
-    b = make_backend(request.param, tmp_path)
-    yield b
-    for undo in b.cleanup:
-        undo()
+    yield from backend_while(request.param, tmp_path)
 
 
 @pytest.fixture

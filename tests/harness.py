@@ -11,7 +11,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -147,6 +147,14 @@ class Backend:
             # Every fleet queue: the default one and one per workflow version.
             return sum(int(r.llen(k)) for k in r.scan_iter("fleet*") if r.type(k) == b"list")
         return len(list((self.workdir / "broker" / "queue").iterdir()))
+
+
+def backend_while(kind: str, workdir: Path) -> Iterator[Backend]:
+    """A backend of ``kind`` for a fixture to yield, cleaned up after it."""
+    b = make_backend(kind, workdir)
+    yield b
+    for undo in b.cleanup:
+        undo()
 
 
 def make_backend(kind: str, workdir: Path) -> Backend:

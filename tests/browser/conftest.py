@@ -22,7 +22,7 @@ from playwright.sync_api import Browser, BrowserType, Page, Playwright, expect, 
 
 from fleet import Fleet
 from fleet.testing import FleetProcess
-from tests.harness import APP, Backend, Cluster
+from tests.harness import APP, Backend, Cluster, backend_while
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Nothing of Chromium's own reaches the network (there is none in CI): no first-run
@@ -42,8 +42,16 @@ CONSOLE_READY = "fleet console: http"
 # Every expect() and wait in a browser test: the workers are real processes on a busy machine.
 DEADLINE_MS = 20_000
 expect.set_options(timeout=DEADLINE_MS)
-# For what the browser is shown whatever the store (escaping, auth): one backend is enough.
+# For what the browser is shown whatever the store (escaping, auth): the embedded default.
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+
+# A browser test drives the console's pages; what they read and write on each store is
+# tested on both by tests/console (in process). Here the flows run on the production
+# store, Postgres + Redis, and SQLITE_ONLY ones on the embedded default.
+@pytest.fixture(params=["postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    yield from backend_while(request.param, tmp_path)
 
 
 def _in_ci() -> bool:

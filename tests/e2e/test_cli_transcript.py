@@ -1,6 +1,8 @@
-"""``fleet transcript`` as an operator meets it: a real run on a real worker (both
-stores), its conversation read back through the command line in each view and as
-JSON; an unknown run and two views at once are one line and exit 2."""
+"""``fleet transcript`` as an operator meets it: a real run on a real worker, its
+conversation read back through the command line in each view and as JSON; an unknown
+run and two views at once are one line and exit 2. On the embedded default: what the
+store keeps and reads back is tested on both stores in tests/integration/test_transcripts.py,
+and each command here is a process of its own (seconds each on a busy machine)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def _ok(backend: Backend, *args: str) -> str:
     return out.stdout
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_a_runs_conversation_in_every_view(backend: Backend, chat: Fleet, cluster: Cluster) -> None:
     cluster.worker("w1", app=APP)
     run = chat.enqueue("chatty", TURNS, 2, run_id="chat-1")  # compacts every second turn
