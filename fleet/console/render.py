@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse
 
 from fleet.app import Fleet
 from fleet.console.auth import Auth
+from fleet.durations import ago
 from fleet.errors import StoreUnavailable, UnknownRun
 from fleet.store.browse import Browse
 
@@ -148,19 +149,6 @@ def when(ts: float | None) -> str:
     if ts is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + "Z"
-
-
-def ago(ts: float | None, now: float | None = None) -> str:
-    if ts is None:
-        return "-"
-    seconds = max(0.0, (now or time.time()) - ts)
-    if seconds < 90:
-        return f"{seconds:.0f}s ago"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f}m ago"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h ago"
-    return f"{seconds / 86400:.0f}d ago"
 
 
 def clip(text: Any, n: int = CLIP) -> str:

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from fleet.durations import ago
 from fleet.records import attempts_by_step, saved_by_resume
 from fleet.states import Decision, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
 
@@ -73,17 +74,6 @@ def as_json(value: Any) -> str:
 
 def status_text(status: str) -> Text:
     return plain(status, style=STATUS_STYLE.get(status, ""))
-
-
-def ago(ts: float | None, now: float | None = None) -> str:
-    if ts is None:
-        return "-"
-    seconds = max(0.0, (now or time.time()) - ts)
-    if seconds < 90:
-        return f"{seconds:.0f}s ago"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f}m ago"
-    return f"{seconds / 3600:.1f}h ago"
 
 
 def spend(usage: dict[str, Any]) -> str:
