@@ -82,7 +82,11 @@ def test_sigterm_releases_abandoned_leases_at_the_soft_deadline(
     backend: Backend, client: Fleet, cluster: Cluster
 ) -> None:
     backend.lease_seconds = 60.0  # a takeover by expiry would take a minute
-    backend.extra_env["FLEET_SHUTDOWN_GRACE"] = "1"
+    # Past the broker's last poll: the leaving worker stops consuming when its warm
+    # shutdown begins, but a BRPOP it sent just before waits up to kombu's brpop_timeout
+    # (1 s) and would take the step re-sent at a deadline inside that second, as it
+    # exits (1 failure in 12 runs with a grace of 1 s; the default grace is 20 s).
+    backend.extra_env["FLEET_SHUTDOWN_GRACE"] = "2.5"
     leaving = cluster.worker("w1")
     run = client.enqueue("chain", 2, 0.0, 0, 120.0)  # work#1 holds its first attempt
     poll(lambda: find_event(backend, run.id, "work#1", "start"), 30, "work#1 to start")
