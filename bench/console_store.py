@@ -27,7 +27,7 @@ from sqlalchemy import func, select, text
 
 from bench.common import PG_ADMIN, save
 from fleet.store import migrate
-from fleet.store.browse import Browse, encode_cursor
+from fleet.store.browse import Browse, RunFilter, encode_cursor
 from fleet.store.engine import Database
 from fleet.store.schema import runs
 
@@ -150,19 +150,23 @@ def measure(db: Database, n: int, reps: int) -> dict[str, Any]:
         "second page (cursor)": lambda: browse.runs_page(after=second),
         "deep page (cursor at 90%)": lambda: browse.runs_page(after=deep),
         "page of 200": lambda: browse.runs_page(limit=200),
-        "with children": lambda: browse.runs_page(children=True),
-        "status=succeeded": lambda: browse.runs_page(status="succeeded"),
-        "status=waiting (rare)": lambda: browse.runs_page(status="waiting"),
-        "status=waiting, deep": lambda: browse.runs_page(status="waiting", after=deep),
-        "workflow=flow_3": lambda: browse.runs_page(workflow="flow_3"),
-        "tenant=tenant-42": lambda: browse.runs_page(tenant="tenant-42"),
-        "tenant + status": lambda: browse.runs_page(tenant="tenant-42", status="failed"),
-        "since 2h": lambda: browse.runs_page(since=now - 7200),
-        "a day, 10 days ago": lambda: browse.runs_page(since=now - 11 * DAY, until=now - 10 * DAY),
-        "q=exact id": lambda: browse.runs_page(q=mid_id),
-        f"q=prefix ({mid_id[:8]})": lambda: browse.runs_page(q=mid_id[:8]),
+        "with children": lambda: browse.runs_page(RunFilter(children=True)),
+        "status=succeeded": lambda: browse.runs_page(RunFilter(status="succeeded")),
+        "status=waiting (rare)": lambda: browse.runs_page(RunFilter(status="waiting")),
+        "status=waiting, deep": lambda: browse.runs_page(RunFilter(status="waiting"), after=deep),
+        "workflow=flow_3": lambda: browse.runs_page(RunFilter(workflow="flow_3")),
+        "tenant=tenant-42": lambda: browse.runs_page(RunFilter(tenant="tenant-42")),
+        "tenant + status": lambda: browse.runs_page(RunFilter(tenant="tenant-42", status="failed")),
+        "since 2h": lambda: browse.runs_page(RunFilter(since=now - 7200)),
+        "a day, 10 days ago": lambda: browse.runs_page(
+            RunFilter(since=now - 11 * DAY, until=now - 10 * DAY)
+        ),
+        "q=exact id": lambda: browse.runs_page(RunFilter(q=mid_id)),
+        f"q=prefix ({mid_id[:8]})": lambda: browse.runs_page(RunFilter(q=mid_id[:8])),
         "runs_fingerprint": lambda: browse.runs_fingerprint(),
-        "runs_fingerprint status=running": lambda: browse.runs_fingerprint(status="running"),
+        "runs_fingerprint status=running": lambda: browse.runs_fingerprint(
+            RunFilter(status="running")
+        ),
         "run_fingerprint": lambda: browse.run_fingerprint(mid_id),
         "waiting_on_signal (inbox)": lambda: browse.waiting_on_signal(),
         "queue_names": lambda: browse.queue_names(),

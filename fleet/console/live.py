@@ -182,7 +182,7 @@ def run_events(c: Console) -> Callable[[Request], Any]:
 
 def runs_events(c: Console) -> Callable[[Request], Any]:
     """``/events/runs?<filters>``: the runs table's body, as the listed runs change."""
-    from fleet.console.pages import runs_filters, runs_rows
+    from fleet.console.pages import PAGE_SIZE, runs_filters, runs_rows
 
     async def endpoint(request: Request) -> Response:
         filters = await run_in_threadpool(runs_filters, c, request.query_params)
@@ -192,7 +192,7 @@ def runs_events(c: Console) -> Callable[[Request], Any]:
         return _events(
             c.hub.stream(
                 key,
-                lambda: c.browse.runs_fingerprint(**filters),
+                lambda: c.browse.runs_fingerprint(filters, limit=PAGE_SIZE),
                 lambda: runs_rows(c, filters, base),
                 c.stream_seconds,
             )

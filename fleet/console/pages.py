@@ -18,6 +18,7 @@ from fleet.console.render import Console, Refused, page, path, root
 from fleet.durations import parse_duration
 from fleet.errors import BadInput
 from fleet.states import RunStatus
+from fleet.store.browse import RunFilter
 
 FILTERS = ("status", "workflow", "tenant", "since", "until", "q")
 PAGE_SIZE = 50
@@ -53,9 +54,9 @@ def _moment(text: str, name: str, now: Callable[[], float]) -> float:
     return moment.timestamp()
 
 
-def runs_filters(c: Console, params: Mapping[str, str]) -> dict[str, Any]:
-    """The runs list's filters from a query string, checked: keyword arguments for
-    ``Browse.runs_page`` and ``Browse.runs_fingerprint`` (a page of ``PAGE_SIZE``)."""
+def runs_filters(c: Console, params: Mapping[str, str]) -> RunFilter:
+    """The runs list's filters from a query string, checked, for ``Browse.runs_page``
+    and ``Browse.runs_fingerprint`` (a page of ``PAGE_SIZE``)."""
     found: dict[str, Any] = {}
     for name in FILTERS:
         value = params.get(name, "").strip()
@@ -67,18 +68,17 @@ def runs_filters(c: Console, params: Mapping[str, str]) -> dict[str, Any]:
     for name in ("since", "until"):
         if name in found:
             found[name] = _moment(found[name], name, c.browse.now)
-    found["limit"] = PAGE_SIZE
-    return found
+    return RunFilter(**found)
 
 
-def runs_rows(c: Console, filters: Mapping[str, Any], root: str) -> str:
+def runs_rows(c: Console, filters: RunFilter, root: str) -> str:
     """The runs table's body for these filters (what the live list sends)."""
     return c.fragment("runs_rows.html", rows=_page(c, filters, None).rows, root=root)
 
 
-def _page(c: Console, filters: Mapping[str, Any], after: str | None) -> Any:
+def _page(c: Console, filters: RunFilter, after: str | None) -> Any:
     try:
-        return c.browse.runs_page(**filters, after=after)
+        return c.browse.runs_page(filters, after, PAGE_SIZE)
     except BadInput as exc:  # a cursor from elsewhere
         raise Refused(400, str(exc)) from None
 
@@ -101,7 +101,7 @@ def runs(c: Console, request: Request) -> Response:
             events=None,
             statuses=STATUSES,
         )
-    q = filters.get("q")
+    q = filters.q
     if q and c.fleet.runtime.queries.run(q) is not None:
         return RedirectResponse(f"{root(request)}/runs/{path(q)}", 303)
     after = params.get("after") or None

@@ -27,7 +27,9 @@ from fleet.store.engine import Database
 from fleet.store.predicates import now
 from fleet.store.rows import DeadLetterRow
 from fleet.store.run_list import (
+    EVERY_RUN,
     LISTED,
+    RunFilter,
     encode_cursor,
     filters,
     listed,
@@ -150,25 +152,14 @@ class Browse:
     # --- the run list -------------------------------------------------------------
 
     def runs_page(
-        self,
-        status: str | None = None,
-        workflow: str | None = None,
-        tenant: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        q: str | None = None,
-        after: str | None = None,
-        limit: int = 50,
-        children: bool = False,
+        self, where: RunFilter = EVERY_RUN, after: str | None = None, limit: int = 50
     ) -> RunsPage:
-        """Runs matching every filter given, newest first (``created_at``, then id), at
-        most ``limit``, after the cursor ``after`` (a page's ``next``). ``since`` and
-        ``until`` bound ``created_at`` (epoch seconds); ``q`` is a run id prefix (and
-        finds child runs too); without ``children``, only runs with no parent."""
+        """The runs ``where`` lets through, newest first (``created_at``, then id), at
+        most ``limit``, after the cursor ``after`` (a page's ``next``)."""
         with self._begin() as conn:
             ordered = self._bytewise(conn)
-            where = filters(status, workflow, tenant, since, until, q, children, ordered)
-            found = conn.execute(listed(where, after, limit, *LISTED, more=1)).all()
+            clauses = filters(where, ordered)
+            found = conn.execute(listed(clauses, after, limit, *LISTED, more=1)).all()
             page = found[:limit]
             ids = [r.id for r in page]
             steps_of, spend_of = progress(conn, ids), spend(conn, ids)
@@ -185,16 +176,7 @@ class Browse:
         return RunsPage(rows, encode_cursor(page[-1].created_at, page[-1].id) if more else None)
 
     def runs_fingerprint(
-        self,
-        status: str | None = None,
-        workflow: str | None = None,
-        tenant: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        q: str | None = None,
-        after: str | None = None,
-        limit: int = 50,
-        children: bool = False,
+        self, where: RunFilter = EVERY_RUN, after: str | None = None, limit: int = 50
     ) -> str:
         """A short text that changes when the page ``runs_page`` would list with the
         same arguments changes: a run comes or goes, moves, is woken, or one of its
@@ -202,8 +184,8 @@ class Browse:
         cols = (runs.c.id, runs.c.status, runs.c.updated_at, runs.c.wake_seq)
         with self._begin(no_jit=False) as conn:
             ordered = self._bytewise(conn)
-            where = filters(status, workflow, tenant, since, until, q, children, ordered)
-            page = listed(where, after, limit, *cols).subquery("page")
+            clauses = filters(where, ordered)
+            page = listed(clauses, after, limit, *cols).subquery("page")
             stmt = (
                 select(*page.c, *step_marks())
                 .select_from(page.outerjoin(steps, steps.c.run_id == page.c.id))

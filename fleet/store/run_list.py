@@ -10,6 +10,7 @@ import base64
 import binascii
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import case, func, select, tuple_
@@ -42,36 +43,47 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         raise BadInput(f"page cursor {cursor!r:.80} is not one this console made") from None
 
 
-def filters(
-    status: str | None,
-    workflow: str | None,
-    tenant: str | None,
-    since: float | None,
-    until: float | None,
-    q: str | None,
-    children: bool,
-    bytewise: bool = False,
-) -> list[Any]:
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a list shows (``Browse.runs_page``, ``Browse.runs_fingerprint``):
+    those matching every filter given. ``since`` and ``until`` bound ``created_at``
+    (epoch seconds); ``q`` is a run id prefix (and finds child runs too); without
+    ``children``, only runs with no parent."""
+
+    status: str | None = None
+    workflow: str | None = None
+    tenant: str | None = None
+    since: float | None = None
+    until: float | None = None
+    q: str | None = None
+    children: bool = False
+
+
+EVERY_RUN = RunFilter()
+
+
+def filters(f: RunFilter, bytewise: bool = False) -> list[Any]:
     """The WHERE clauses of the run list's filters; bad values are ``BadInput``. With
     ``bytewise`` (ids sort by code point), an id prefix is a range of the id's index."""
+    status, q = f.status, f.q
     where: list[Any] = []
     if status:
         if status not in {s.value for s in RunStatus}:
             raise BadInput(f"unknown status {status!r} (one of: {', '.join(RunStatus)})")
         where.append(runs.c.status == status)
-    if workflow:
-        where.append(runs.c.workflow == workflow)
-    if tenant:
-        where.append(runs.c.tenant == tenant)
-    if since is not None:
-        where.append(runs.c.created_at >= since)
-    if until is not None:
-        where.append(runs.c.created_at < until)
+    if f.workflow:
+        where.append(runs.c.workflow == f.workflow)
+    if f.tenant:
+        where.append(runs.c.tenant == f.tenant)
+    if f.since is not None:
+        where.append(runs.c.created_at >= f.since)
+    if f.until is not None:
+        where.append(runs.c.created_at < f.until)
     if q:
         where.append(runs.c.id.startswith(q, autoescape=True))
         if bytewise and ord(q[-1]) < 0xD7FF:
             where += [runs.c.id >= q, runs.c.id < q[:-1] + chr(ord(q[-1]) + 1)]
-    if not children and not q:  # a child's id is found by the search box all the same
+    if not f.children and not q:  # a child's id is found by the search box all the same
         where.append(runs.c.parent_id.is_(None))
     return where
 

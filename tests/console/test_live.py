@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 from fleet import Fleet
 from fleet.console import app, live
 from fleet.console.live import KEEP_ALIVE_FRAME, Hub, sse
+from fleet.store.browse import RunFilter
 from tests.console.conftest import AUTH, USER, basic
 from tests.console.dom import parse
 from tests.harness import InlineBroker
@@ -218,7 +219,7 @@ def test_a_fingerprint_is_one_statement(client: Fleet, inline: InlineBroker) -> 
     event.listen(client.runtime.db.engine, "before_cursor_execute", seen)
     try:
         assert browse.run_fingerprint("fp") is not None
-        assert browse.runs_fingerprint(status="waiting")
+        assert browse.runs_fingerprint(RunFilter(status="waiting"))
     finally:
         event.remove(client.runtime.db.engine, "before_cursor_execute", seen)
     assert len(sent) == 2, sent

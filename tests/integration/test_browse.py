@@ -10,7 +10,7 @@ from sqlalchemy import update
 
 from fleet import BadInput, Fleet
 from fleet.states import Incident, StepKind
-from fleet.store.browse import Browse, RunListRow
+from fleet.store.browse import Browse, RunFilter, RunListRow
 from fleet.store.ledger import Lease, NewStep
 from fleet.store.schema import runs
 from tests.harness import InlineBroker
@@ -32,7 +32,7 @@ def _all_pages(browse: Browse, limit: int, **filters: object) -> list[RunListRow
     rows: list[RunListRow] = []
     after = None
     for _ in range(100):
-        page = browse.runs_page(after=after, limit=limit, **filters)  # type: ignore[arg-type]
+        page = browse.runs_page(RunFilter(**filters), after, limit)  # type: ignore[arg-type]
         assert len(page.rows) <= limit
         rows += page.rows
         if page.next is None:
@@ -88,7 +88,7 @@ def test_each_filter_and_the_id_search(client: Fleet, inline: InlineBroker) -> N
     assert ids(q="f%") == set(), "the search is literal, not a pattern"
     assert ids(q="fam", workflow="parent") == {"fam"}
 
-    (row,) = browse.runs_page(q="fam", workflow="parent").rows
+    (row,) = browse.runs_page(RunFilter(q="fam", workflow="parent")).rows
     usage = client.runtime.queries.usage("fam")
     assert (row.workflow, row.tenant, row.status, row.parent_id) == (
         "parent",
@@ -98,7 +98,7 @@ def test_each_filter_and_the_id_search(client: Fleet, inline: InlineBroker) -> N
     )
     assert (row.tokens, row.cost) == (usage["tokens"], usage["cost"]), "its children's too"
     assert row.tokens > 0 and (row.steps_done, row.steps_total) == (2, 2)
-    (child,) = browse.runs_page(q="fam/").rows
+    (child,) = browse.runs_page(RunFilter(q="fam/")).rows
     assert child.parent_id == "fam" and child.tokens < row.tokens
     assert other.status() == "succeeded"
 
@@ -108,7 +108,7 @@ def test_bad_arguments_are_one_line(client: Fleet) -> None:
     with pytest.raises(BadInput, match="is not one this console made"):
         browse.runs_page(after="not-a-cursor")
     with pytest.raises(BadInput, match="unknown status 'sleepy'"):
-        browse.runs_page(status="sleepy")
+        browse.runs_page(RunFilter(status="sleepy"))
     with pytest.raises(BadInput, match="limit must be 1-500"):
         browse.runs_page(limit=0)
     with pytest.raises(BadInput, match="bucket_seconds must be above 0"):
@@ -133,17 +133,19 @@ def test_fingerprints_change_when_a_step_commits_and_not_otherwise(
     assert seen == (browse.run_fingerprint(run.id), browse.runs_fingerprint()), "stable"
     client.enqueue("chain", 1, run_id="elsewhere", tenant="other")
     assert browse.run_fingerprint(run.id) == seen[0], "another run is not this one"
-    assert browse.runs_fingerprint(tenant="nobody") == browse.runs_fingerprint(tenant="nobody")
+    assert browse.runs_fingerprint(RunFilter(tenant="nobody")) == browse.runs_fingerprint(
+        RunFilter(tenant="nobody")
+    )
     listed = browse.runs_fingerprint()
     assert listed != seen[1], "a new run in the list"
-    before_other = browse.runs_fingerprint(tenant="other")
+    before_other = browse.runs_fingerprint(RunFilter(tenant="other"))
     _deliver(inline, "elsewhere")  # its advance: it starts
     assert browse.run_fingerprint(run.id) == seen[0]
-    assert browse.runs_fingerprint(tenant="other") != before_other
-    before = browse.run_fingerprint(run.id), browse.runs_fingerprint(workflow="chain")
+    assert browse.runs_fingerprint(RunFilter(tenant="other")) != before_other
+    before = browse.run_fingerprint(run.id), browse.runs_fingerprint(RunFilter(workflow="chain"))
     _deliver(inline, run.id)  # work#1 runs and commits
     assert client.runtime.queries.step(run.id, "work#1").status == "done"  # type: ignore[union-attr]
-    after = browse.run_fingerprint(run.id), browse.runs_fingerprint(workflow="chain")
+    after = browse.run_fingerprint(run.id), browse.runs_fingerprint(RunFilter(workflow="chain"))
     assert after[0] != before[0] and after[1] != before[1], "a step committed"
 
 
