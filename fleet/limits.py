@@ -9,6 +9,7 @@ starts only once every one of them has room, decided atomically across the fleet
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,6 +25,14 @@ WINDOW = 60.0  # the window, in seconds, that requests and tokens per minute cou
 # longer than the provider's, so a step admitted as an old call leaves the fleet's
 # window never reaches the provider before that call has left the provider's too.
 MARGIN = 0.02
+# Pacing: besides the window, a rated limit is a bucket holding a PIECES-th of the
+# window's requests and tokens (never fewer than BURST requests), draining at the
+# limit's rate (GCRA), so no tenant spends the window's budget in its first seconds and
+# room comes back steadily for a step arriving later (a provider quantizes its limits
+# too). A tenant that used more of the window leaves places to those that used less and
+# are still calling (``spared``).
+PIECES = 6
+BURST = 4
 # The key of a per-tenant limit for a run without a tenant.
 NO_TENANT = "-"
 
@@ -41,7 +50,8 @@ class Limit:
     many steps naming it run at once; ``requests_per_minute``: at most this many start
     in any 60 seconds; ``tokens_per_minute``: the tokens they reserve (the step's
     ``tokens=`` estimate) and then report (``ctx.record_usage``) in any 60 seconds stay
-    under it. ``per_tenant``: each run's tenant has a limit of its own."""
+    under it. Both are paced: a sixth of each at once, then at their rate (``pace``).
+    ``per_tenant``: each run's tenant has a limit of its own."""
 
     name: str
     requests_per_minute: int | None = None
@@ -184,25 +194,128 @@ def rated_limit() -> str | None:
     return _rated.get()
 
 
-def freed(evs: Sequence[Sequence[Any]], need: int, at: float) -> float:
-    """When ``need`` tokens have left the window: ``evs`` its calls, (time, tokens, ...)
-    oldest first (the store's limiter; the Redis one does the same in its script)."""
+def freed(evs: Sequence[Sequence[Any]], need: int, at: float, hold: float | None = None) -> float:
+    """When ``need`` tokens have left the span: ``evs`` its calls, (time, tokens, ...)
+    oldest first, each counting ``hold`` seconds (the window and its margin unless
+    given; the store's limiter: the Redis one does the same in its script)."""
+    hold = held_for(WINDOW) if hold is None else hold
     got = 0
     for e in evs:
         got += int(e[1])
         if got >= need:
-            return max(0.0, float(e[0]) + held_for(WINDOW) - at)
-    return max(0.0, float(evs[-1][0]) + held_for(WINDOW) - at)
+            return max(0.0, float(e[0]) + hold - at)
+    return max(0.0, float(evs[-1][0]) + hold - at)
 
 
-def turn(times: list[float], place: int, per_minute: int, at: float) -> float:
+def turn(
+    times: list[float],
+    place: int,
+    per_minute: int,
+    at: float,
+    span: float = WINDOW,
+    hold: float | None = None,
+) -> float:
     """When the ``place``-th request past the limit (0: the first) may start: when the
-    window's ``place``-th oldest request leaves it (its margin past); past the window's
-    requests, one more every ``WINDOW / per_minute`` after the newest leaves. So waiting
-    steps look again in their order, spread out, never all at once."""
-    step = WINDOW / per_minute
+    span's ``place``-th oldest request leaves it (``hold``: the window's margin past);
+    past the span's requests, one more every ``span / per_minute`` after the newest
+    leaves. So waiting steps look again in their order, spread out, never all at once."""
+    hold = held_for(span) if hold is None else hold
+    step = span / per_minute
     if not times:
         return step * (place + 1)
     if place < len(times):
-        return max(0.0, times[place] + held_for(WINDOW) - at)
-    return max(0.0, times[-1] + held_for(WINDOW) - at) + (place - len(times) + 1) * step
+        return max(0.0, times[place] + hold - at)
+    return max(0.0, times[-1] + hold - at) + (place - len(times) + 1) * step
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A rated limit's pace: a bucket of at most ``requests`` calls and ``tokens``
+    tokens (None where the limit sets no rate), draining at the limit's rate; and
+    ``span``, a piece of the window (how recent a lighter tenant's calls count)."""
+
+    span: float
+    requests: int | None
+    tokens: int | None
+
+
+def pace(want: Want, window: float = WINDOW) -> Pace:
+    """The pace of ``want``'s rated limit: a burst of a ``PIECES``-th of the window,
+    never fewer than ``BURST`` requests (of the step's tokens), so a limit of a few
+    requests a minute is not split, and a step reserving more than a piece's share of
+    tokens still starts when the bucket is empty."""
+    rpm, tpm = want.requests_per_minute, want.tokens_per_minute
+    return Pace(
+        window / PIECES,
+        None if rpm is None else max(math.ceil(rpm / PIECES), BURST),
+        None if tpm is None else max(math.ceil(tpm / PIECES), BURST * want.tokens),
+    )
+
+
+def level(evs: Sequence[Sequence[Any]], tokens: bool, rate: float, at: float) -> float:
+    """What ``evs`` (oldest first) leave in a bucket draining ``rate`` a second at
+    ``at``: each call adds 1 (or its tokens) and the bucket never drains below empty."""
+    filled, last = 0.0, None
+    for e in evs:
+        if last is not None:
+            filled = max(0.0, filled - (float(e[0]) - last) * rate)
+        filled += int(e[1]) if tokens else 1
+        last = float(e[0])
+    return 0.0 if last is None else max(0.0, filled - (at - last) * rate)
+
+
+def no_rated_room(
+    want: Want, evs: Sequence[Sequence[Any]], ahead: int, at: float, window: float = WINDOW
+) -> tuple[float, str] | None:
+    """Why a rated limit has no room for the step now: (its turn, "requests" or
+    "tokens"), or None. ``evs``: the window's calls, (time, tokens, tenant) oldest
+    first; ``ahead``: the steps waiting before it, whose places count as taken, as do
+    those its tenant leaves to lighter ones (``spared``). These hold it back but do not
+    put its turn off: it looks again when it would have had room without them."""
+    recent = [e for e in evs if float(e[0]) > at - window / PIECES]
+    spare = spared(want.tenant, evs, recent)
+    no = _full(want, evs, ahead + spare, at, window)
+    if no is None or spare == 0:
+        return no
+    return _full(want, evs, ahead, at, window) or (0.0, no[1])
+
+
+def _full(
+    want: Want, evs: Sequence[Sequence[Any]], ahead: int, at: float, window: float
+) -> tuple[float, str] | None:
+    """First the window (the provider's limit), then its pace: a bucket of a burst
+    draining at the limit's rate, so room comes back steadily, a call at a time, not in
+    the bursts that filled it."""
+    rpm, tpm = want.requests_per_minute, want.tokens_per_minute
+    rate = pace(want, window)
+    hold = held_for(window)
+    if rpm is not None and len(evs) + 1 + ahead > rpm:
+        times = [float(e[0]) for e in evs]
+        return turn(times, len(evs) + ahead - rpm, rpm, at, window, hold), "requests"
+    spent = sum(int(e[1]) for e in evs)
+    need = spent + want.tokens * (1 + ahead)
+    if tpm is not None and spent > 0 and need > tpm:
+        return freed(evs, need - tpm, at, hold), "tokens"
+    if rpm is not None and rate.requests is not None:
+        over = level(evs, False, rpm / window, at) + 1 + ahead - rate.requests
+        if over > 0:
+            return over * window / rpm, "requests"
+    if tpm is not None and rate.tokens is not None:
+        filled = level(evs, True, tpm / window, at)
+        over = filled + want.tokens * (1 + ahead) - rate.tokens
+        if filled > 0 and over > 0:
+            return over * window / tpm, "tokens"
+    return None
+
+
+def spared(tenant: str, evs: Sequence[Sequence[Any]], recent: Sequence[Sequence[Any]]) -> int:
+    """The places (of its own size) a step leaves free in a rated limit: as many as the
+    tenants that used less of the window took in its last piece. Their next calls (their
+    runs' next steps, not yet waiting) then find room at once rather than each waiting
+    for a place the heavier tenant would take first; the places are kept about as long
+    as they keep calling, a piece after they stop."""
+    use: dict[str, int] = {}
+    for e in evs:
+        use[str(e[2])] = use.get(str(e[2]), 0) + 1
+    mine = use.get(tenant, 0)
+    return sum(1 for e in recent if use[str(e[2])] < mine)

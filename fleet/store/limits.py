@@ -9,7 +9,8 @@ any has no room, takes nothing and records that it waits (``fleet_limit_waits``)
 SQLite serializes the transaction whole (BEGIN IMMEDIATE); Postgres by the row locks.
 Waiting steps go first (a limit grants a newcomer room only beyond the steps ahead of it
 that still look for it): in order of arrival; on a rated limit, those of the tenant that
-used less of its window first. A step waits in one line at a time.
+used less of its window first. A step waits in one line at a time. A rated limit is
+paced: besides its window, a bucket draining at its rate (``fleet.limits.no_rated_room``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ from fleet.limits import (
     LimitUse,
     Throttled,
     Want,
-    freed,
     held_for,
     look_again,
-    turn,
+    no_rated_room,
 )
 from fleet.store.engine import Database
 from fleet.store.predicates import now
@@ -401,21 +401,15 @@ def _no_room(
         running = sum(1 for s in held if tuple(s[1:3]) != mine)
         if running + _ahead(key, waits, mine, at, None) >= want.concurrency:
             return Throttled(key, 0.0, "concurrency")
-    rpm, tpm = want.requests_per_minute, want.tokens_per_minute
-    if rpm is None and tpm is None:
+    if want.requests_per_minute is None and want.tokens_per_minute is None:
         return None
     evs = listed(key) if key in events else []  # (at, tokens, tenant), oldest first
     use: dict[str, int] = {}
     for e in evs:
         use[e[2]] = use.get(e[2], 0) + 1
     ahead = _ahead(key, waits, mine, at, (use, want.tenant))
-    if rpm is not None and len(evs) + 1 + ahead > rpm:
-        times = [e[0] for e in evs]
-        return Throttled(key, turn(times, len(evs) + ahead - rpm, rpm, at), "requests")
-    spent = sum(int(e[1]) for e in evs)
-    if tpm is not None and spent > 0 and spent + want.tokens * (1 + ahead) > tpm:
-        return Throttled(key, freed(evs, spent + want.tokens * (1 + ahead) - tpm, at), "tokens")
-    return None
+    no = no_rated_room(want, evs, ahead, at)
+    return None if no is None else Throttled(key, no[0], no[1])
 
 
 def _ahead(

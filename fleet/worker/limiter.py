@@ -8,9 +8,10 @@ lapses unless renewed) and ``owners`` (which delivery holds each), ``events`` an
 ``tokens`` and ``who`` (the requests of the last minute, by delivery, the tokens each
 reserved or reported and its tenant), ``since``, ``due`` and ``wt`` (the steps waiting:
 their places in order of arrival, ``seq`` counting them; when each looks again; its
-tenant), ``paused`` (until when a provider's 429 closed it). Times are Redis's clock
-(``TIME``), in milliseconds, so workers' clocks do not matter. The keys are made in the
-scripts from the limit keys given (one Redis, not a cluster).
+tenant), ``paused`` (until when a provider's 429 closed it). A rated limit is paced: the
+same ``events`` fill a bucket that drains at its rate (``fleet.limits.pace``). Times
+are Redis's clock (``TIME``), in milliseconds, so workers' clocks do not matter. The
+keys are made in the scripts from the limit keys given (one Redis, not a cluster).
 """
 
 from __future__ import annotations
@@ -18,7 +19,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fleet.limits import EARLY, FRESH, WINDOW, LimitUse, Throttled, Want, held_for, look_again
+from fleet.limits import (
+    EARLY,
+    FRESH,
+    PIECES,
+    WINDOW,
+    LimitUse,
+    Throttled,
+    Want,
+    held_for,
+    look_again,
+    pace,
+)
 
 _PRELUDE = """
 local t = redis.call('TIME')
@@ -28,8 +40,9 @@ local function k(key, part) return 'fleet:limit:' .. key .. ':' .. part end
 
 # ARGV: holder, token, ttl ms, window ms (an event counts this long: with its margin),
 # fresh ms, early ms, run, step, the window without its margin (ms: waiting steps' turns
-# are spaced by it over the rate), then 6 per limit: key, concurrency, requests per
-# minute, tokens per minute (-1: none), tokens reserved, tenant.
+# are spaced by it over the rate), a piece of it (ms: how recent a lighter tenant's
+# calls count), then 8 per limit: key, concurrency, requests and tokens per minute (-1:
+# none), tokens reserved, tenant, the pace's bucket in requests and in tokens (-1: none).
 # Returns 0 (room taken in every limit) or {key, wait ms, why, due ms or -1, woken...}:
 # woken, the steps to send now, each next in line of a concurrency limit the step had
 # room in but leaves, waiting on another (a step waits in one line at a time).
@@ -38,11 +51,12 @@ _ACQUIRE = (
     + """
 local holder, token, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local window, fresh, early = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local spacing = tonumber(ARGV[9])
+local spacing, span = tonumber(ARGV[9]), tonumber(ARGV[10])
 local wants = {}
-for i = 10, #ARGV, 6 do
+for i = 11, #ARGV, 8 do
   wants[#wants + 1] = {ARGV[i], tonumber(ARGV[i+1]), tonumber(ARGV[i+2]),
-                       tonumber(ARGV[i+3]), tonumber(ARGV[i+4]), ARGV[i+5]}
+                       tonumber(ARGV[i+3]), tonumber(ARGV[i+4]), ARGV[i+5],
+                       tonumber(ARGV[i+6]), tonumber(ARGV[i+7])}
 end
 local function drop(zset, hashes, upto)
   local gone = redis.call('ZRANGEBYSCORE', zset, '-inf', upto)
@@ -73,30 +87,49 @@ local function ahead_of(key, use, tenant)
   end
   return ahead
 end
--- When the place-th request past the limit may start (fleet.store.limits.turn).
-local function turn(events, count, place, rpm)
-  local step = spacing / rpm
-  if count == 0 then return step * (place + 1) end
-  if place < count then
-    local e = redis.call('ZRANGE', events, place, place, 'WITHSCORES')
-    return math.max(0, tonumber(e[2]) + window - now)
+-- Whether the window's calls (times t, tokens toks: oldest first) leave room behind the
+-- ahead steps for one more of want tokens: nil, or {wait ms, why}; first the window
+-- (rpm, tpm: -1 none), then the pace, buckets of preq calls and ptok tokens draining at
+-- the limit's rate (fleet.limits.no_rated_room, level).
+local function full(t, toks, rpm, tpm, preq, ptok, want, ahead)
+  local n, sum = #t, 0
+  for i = 1, n do sum = sum + toks[i] end
+  local function left(i) return math.floor(math.max(0, t[i] + window - now)) end
+  if rpm >= 0 and n + 1 + ahead > rpm then
+    local place, step = n + ahead - rpm, spacing / rpm
+    if n == 0 then return {math.floor(step * (place + 1)), 'requests'} end
+    if place < n then return {left(place + 1), 'requests'} end
+    return {math.floor(left(n) + (place - n + 1) * step), 'requests'}
   end
-  local e = redis.call('ZRANGE', events, -1, -1, 'WITHSCORES')
-  return math.max(0, tonumber(e[2]) + window - now) + (place - count + 1) * step
-end
--- When need tokens have left the window, the oldest calls first (fleet.store.limits._freed).
-local function freed(key, need)
-  local evs = redis.call('ZRANGE', k(key, 'events'), 0, -1, 'WITHSCORES')
-  local got, at = 0, now - window
-  for i = 1, #evs, 2 do
-    got = got + tonumber(redis.call('HGET', k(key, 'tokens'), evs[i]) or '0')
-    at = tonumber(evs[i + 1])
-    if got >= need then break end
+  local need, got = sum + want * (1 + ahead) - tpm, 0
+  if tpm >= 0 and sum > 0 and need > 0 then
+    for i = 1, n do
+      got = got + toks[i]
+      if got >= need or i == n then return {left(i), 'tokens'} end
+    end
   end
-  return math.max(0, at + window - now)
+  local function level(rate, tokens)
+    local filled = 0
+    for i = 1, n do
+      if i > 1 then filled = math.max(0, filled - (t[i] - t[i - 1]) * rate) end
+      filled = filled + (tokens and toks[i] or 1)
+    end
+    return n == 0 and 0 or math.max(0, filled - (now - t[n]) * rate)
+  end
+  if rpm >= 0 and preq >= 0 then
+    local over = level(rpm / spacing, false) + 1 + ahead - preq
+    if over > 0 then return {math.floor(over * spacing / rpm), 'requests'} end
+  end
+  if tpm >= 0 and ptok >= 0 then
+    local filled = level(tpm / spacing, true)
+    local over = filled + want * (1 + ahead) - ptok
+    if filled > 0 and over > 0 then return {math.floor(over * spacing / tpm), 'tokens'} end
+  end
+  return nil
 end
 local function no_room(w)
   local key, conc, rpm, tpm, want, tenant = w[1], w[2], w[3], w[4], w[5], w[6]
+  local preq, ptok = w[7], w[8]
   local paused = tonumber(redis.call('GET', k(key, 'paused')) or '0')
   if paused > now then return {key, paused - now, 'paused'} end
   if conc >= 0 then
@@ -109,20 +142,20 @@ local function no_room(w)
     if running + ahead_of(key, nil, tenant) >= conc then return {key, 0, 'concurrency'} end
   end
   if rpm >= 0 or tpm >= 0 then
-    local events = k(key, 'events')
-    local count = redis.call('ZCARD', events)
-    local use = {}
+    local use, spare = {}, 0
     for _, t in ipairs(redis.call('HVALS', k(key, 'who'))) do use[t] = (use[t] or 0) + 1 end
     local ahead = ahead_of(key, use, tenant)
-    if rpm >= 0 and count + 1 + ahead > rpm then
-      return {key, math.floor(turn(events, count, count + ahead - rpm, rpm)), 'requests'}
+    local evs, t, toks = redis.call('ZRANGE', k(key, 'events'), 0, -1, 'WITHSCORES'), {}, {}
+    for i = 1, #evs, 2 do
+      t[#t + 1] = tonumber(evs[i + 1])
+      toks[#toks + 1] = tonumber(redis.call('HGET', k(key, 'tokens'), evs[i]) or '0')
+      -- A lighter tenant's call in the last piece: a place left to it (no_rated_room).
+      local who = redis.call('HGET', k(key, 'who'), evs[i]) or '-'
+      if t[#t] > now - span and (use[who] or 0) < (use[tenant] or 0) then spare = spare + 1 end
     end
-    if tpm >= 0 and count > 0 then
-      local sum = 0
-      for _, v in ipairs(redis.call('HVALS', k(key, 'tokens'))) do sum = sum + tonumber(v) end
-      local need = sum + want * (1 + ahead) - tpm
-      if sum > 0 and need > 0 then return {key, math.floor(freed(key, need)), 'tokens'} end
-    end
+    local no = full(t, toks, rpm, tpm, preq, ptok, want, ahead + spare)
+    if no and spare > 0 then no = full(t, toks, rpm, tpm, preq, ptok, want, ahead) or {0, no[2]} end
+    if no then return {key, no[1], no[2]} end
   end
   return nil
 end
@@ -132,11 +165,7 @@ for _, w in ipairs(wants) do
   drop(k(key, 'slots'), {k(key, 'owners')}, now)
   drop(k(key, 'events'), {k(key, 'tokens'), k(key, 'who')}, now - window)
   local stale = redis.call('ZRANGEBYSCORE', k(key, 'due'), '-inf', now - 600000)
-  if #stale > 0 then
-    redis.call('ZREM', k(key, 'due'), unpack(stale))
-    redis.call('ZREM', k(key, 'since'), unpack(stale))
-    redis.call('HDEL', k(key, 'wt'), unpack(stale))
-  end
+  for _, h in ipairs(stale) do leave(key, h) end
 end
 -- The first in line on key still asleep (not woken already, nor about to come), woken.
 local function next_in_line(key, woken)
@@ -337,14 +366,16 @@ class RedisLimits:
         holder = _holder(run_id, step_id)
         window = _ms(held_for(WINDOW))
         args: list[Any] = [holder, token, _ms(ttl), window, _ms(FRESH), _ms(EARLY)]
-        args += [run_id, step_id, _ms(WINDOW)]
+        args += [run_id, step_id, _ms(WINDOW), _ms(WINDOW / PIECES)]
         for w in wants:
+            rate = pace(w, WINDOW)
             args += [
                 w.key,
                 *(_or_none(v) for v in (w.concurrency, w.requests_per_minute)),
                 _or_none(w.tokens_per_minute),
                 int(w.tokens),
                 w.tenant,
+                *(_or_none(v) for v in (rate.requests, rate.tokens)),
             ]
         found = self._acquire(args=args)
         if found == 0:

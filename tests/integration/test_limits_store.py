@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fleet.limits import Throttled, Want
+from fleet.limits import Throttled, Want, pace
 from fleet.store import migrate
 from fleet.store.engine import Database
 from fleet.store.limits import LimitStore
@@ -177,6 +177,52 @@ def test_steps_waiting_on_requests_look_again_in_turn_not_all_at_once(lim: Any) 
     # A newcomer does not jump the line: it waits behind all four.
     late = take(lim, [rpm], "late", cap=1000.0)
     assert isinstance(late, Throttled) and late.wait > at[3]
+
+
+def test_a_burst_is_paced_and_room_comes_back_at_the_limits_rate(lim: Any) -> None:
+    """60 a minute: a burst takes a sixth of it at once (10), not the minute's 60; the
+    next has room a second later (the limit's rate), not when the window's oldest call
+    leaves it. A tenant arriving then goes first, and big's next after both."""
+    big = Want("paced", None, 60, None, 0, "big")
+    burst = pace(big).requests
+    assert burst == 10
+    for i in range(burst):
+        assert take(lim, [big], f"b{i}") is None
+    nxt = take(lim, [big], "b10", cap=1000.0)
+    assert isinstance(nxt, Throttled) and nxt.why == "requests" and 0.0 < nxt.wait <= 1.01
+    late = take(lim, [Want("paced", None, 60, None, 0, "small")], "s0", cap=1000.0)
+    assert isinstance(late, Throttled) and late.why == "requests" and late.wait <= 1.01
+    after = take(lim, [big], "b11", cap=1000.0)  # behind b10 and s0: its turn in 3 s
+    assert isinstance(after, Throttled) and 2.0 < after.wait <= 3.01
+    assert lim.uses(["paced"])[0].requests == burst
+
+
+def test_a_heavier_tenant_leaves_a_place_to_a_lighter_one_still_calling(lim: Any) -> None:
+    """While small (fewer calls in the window) has a call in the last piece, big leaves
+    a place free: small's next call finds it at once instead of waiting behind big."""
+
+    def rpm(tenant: str) -> Want:
+        return Want("spare", None, 60, None, 0, tenant)
+
+    for i in range(7):
+        assert take(lim, [rpm("big")], f"b{i}") is None
+    assert take(lim, [rpm("small")], "s0") is None
+    assert take(lim, [rpm("big")], "b7") is None  # 9 of the burst's 10: one left, small's
+    no = take(lim, [rpm("big")], "b8", cap=1000.0)
+    assert isinstance(no, Throttled) and no.why == "requests"
+    assert take(lim, [rpm("small")], "s1") is None
+
+
+def test_tokens_are_paced_yet_a_large_request_starts_in_an_empty_bucket(lim: Any) -> None:
+    def tpm(tokens: int, key: str = "tpaced") -> Want:
+        return Want(key, None, None, 6000, tokens, "a")
+
+    for i in range(5):  # a burst of 1,000 of the minute's 6,000, then 100 a second
+        assert take(lim, [tpm(200)], f"s{i}") is None
+    no = take(lim, [tpm(200)], "s5", cap=1000.0)
+    assert isinstance(no, Throttled) and no.why == "tokens" and 1.0 < no.wait <= 2.01
+    # More than a burst's share, in an empty bucket: it starts, never stuck waiting.
+    assert take(lim, [tpm(2500, "tlarge")], "l0") is None
 
 
 def test_a_tenant_that_used_less_of_a_rated_limit_waits_ahead(lim: Any) -> None:

@@ -10,14 +10,21 @@ import pytest
 from fleet import Fleet, Retry, StepContext
 from fleet.errors import BadInput
 from fleet.limits import (
+    BURST,
     MARGIN,
     POLL,
     Limit,
+    Pace,
+    Want,
     countdown,
     held_for,
+    level,
     look_again,
+    no_rated_room,
+    pace,
     rated_limit,
     rated_limit_of_step,
+    spared,
 )
 from fleet.llm import recording
 
@@ -132,6 +139,67 @@ def test_a_step_waiting_on_concurrency_sleeps_until_woken_with_the_lease_as_safe
     # A known wait (the turn of a request, a pause) is that wait.
     assert look_again("requests", 5.0, 30.0, 0.0, 300.0) == pytest.approx(5.01)
     assert look_again("paused", 2.0, 30.0, 0.0, 300.0) == pytest.approx(2.01)
+
+
+def test_a_rated_limit_is_paced_by_a_burst_of_a_piece_and_a_few_requests_at_least() -> None:
+    # A bucket of a sixth of the window: 50 requests, 10,000 tokens of a minute's 6x.
+    assert pace(Want("k", None, 300, 60_000, 200)) == Pace(10.0, 50, 10_000)
+    assert pace(Want("k", None, 50, 10_000, 210), window=10.0) == Pace(10 / 6, 9, 1667)
+    # A limit too small to split is not split: a bucket holds BURST requests at least
+    # (of the step's own tokens), more than the window's.
+    assert pace(Want("k", None, 2, 100, 30)) == Pace(10.0, BURST, BURST * 30)
+    assert pace(Want("k", 5, None, None)) == Pace(10.0, None, None)
+
+
+def test_the_bucket_drains_at_the_limits_rate_and_never_below_empty() -> None:
+    calls = [(0.0, 100, "a"), (0.0, 100, "a"), (10.0, 100, "a")]
+    assert level(calls, False, 0.1, 10.0) == pytest.approx(2.0)  # 2 - 1 + 1
+    assert level(calls, True, 10.0, 12.0) == pytest.approx(180.0)  # 200-100 +100, -20
+    assert level(calls, False, 1.0, 100.0) == 0.0
+    assert level([], True, 1.0, 5.0) == 0.0
+
+
+def _ask_every_tick(want: Want, evs: list[tuple[float, int, str]], ticks: range) -> int:
+    """``want`` asks ten times a second over ``ticks``, taking room whenever it has some."""
+    took = 0
+    for tick in ticks:
+        if no_rated_room(want, evs, 0, tick / 10) is None:
+            evs.append((tick / 10, want.tokens, want.tenant))
+            took += 1
+    return took
+
+
+def test_a_burst_is_spread_so_a_late_tenant_gets_in_before_the_window_empties() -> None:
+    """Big asks for 60 a minute's room ten times a second: paced, it takes a burst of
+    10, then one a second, not the minute's 60 in its first 6 s (which would shut the
+    window until its oldest calls left, a minute later). Small, arriving at 20 s, is
+    next within a second; even behind five others, within seconds."""
+    big, small = Want("p", None, 60, None, 0, "big"), Want("p", None, 60, None, 0, "small")
+    evs: list[tuple[float, int, str]] = []
+    assert _ask_every_tick(big, evs, range(0, 60)) == 15
+    assert _ask_every_tick(big, evs, range(60, 200)) == 14
+    wait, why = no_rated_room(small, evs, 0, 20.0) or (0.0, "")
+    assert why in ("", "requests") and wait <= 1.0
+    wait, why = no_rated_room(small, evs, 5, 20.0) or (0.0, "")
+    assert why == "requests" and wait == pytest.approx(5.0)
+
+
+def test_a_large_request_is_never_stuck_behind_the_pace() -> None:
+    """A step reserving more than the window's tokens starts when nothing else counts;
+    one reserving more than a piece's share fits a bucket of BURST of its size."""
+    assert no_rated_room(Want("t", None, None, 600, 900), [], 0, 0.0) is None
+    evs = [(0.0, 100, "a")]
+    assert no_rated_room(Want("t", None, None, 600, 120), evs, 0, 1.0) is None
+    assert no_rated_room(Want("t", None, None, 6000, 900), [(0.0, 900, "a")], 0, 1.0) is None
+
+
+def test_a_heavier_tenant_leaves_as_many_places_as_lighter_ones_took_lately() -> None:
+    evs = [(0.0, 0, "big")] * 5 + [(1.0, 0, "small"), (15.0, 0, "small"), (16.0, 0, "mid")]
+    evs += [(17.0, 0, "mid")]
+    # Small (2 calls) and mid (2) used less than big (5): their calls of the last 10 s.
+    assert spared("big", evs, [e for e in evs if e[0] > 20.0 - 10.0]) == 3
+    assert spared("mid", evs, [e for e in evs if e[0] > 10.0]) == 0  # small: as many
+    assert spared("small", evs, evs) == 0
 
 
 class _Http429(Exception):
