@@ -2,27 +2,35 @@
 ``AsyncClient`` mixin), ``astatus``, ``asteps`` and ``aresult`` on ``RunHandle``, for
 applications that live on an event loop (FastAPI, Starlette, an agent on asyncio).
 
-Each one is the sync method itself, run on a small pool of threads the ``Fleet`` owns
+Each one is the sync method's work, run on a small pool of threads the ``Fleet`` owns
 (``OffLoop``): the same arguments, the same semantics (an enqueue is idempotent by run
 id), the same errors, raised in the caller's coroutine; the caller's loop never waits on
-the store or the broker.
+the store or the broker. Two of them are shared by the calls made at the same time:
+
+- ``aenqueue`` calls that arrive together are inserted together (``Enqueues``): a
+  thread takes every waiting call, checks each one's input alone (its refusal is its
+  own), inserts all their runs in one statement of one transaction, then sends their
+  wake-ups in one round to the broker. One commit and one round trip for N runs, and
+  about a third of the interpreter's time per run (bench/RESULTS.md §9).
+- ``aresult`` and ``astatus`` share one poller per event loop (``Waiters``): one read
+  per round for every run waited on (``WHERE id IN (...)``), each waiter woken when its
+  run ends, a cancelled waiter dropped at once. A waiter holds no thread: nothing ever
+  blocks a pool thread on a wait, so one thread is enough for any number of them.
 
 Why threads and not SQLAlchemy's asyncio extension over psycopg's async connections:
 an enqueue is a store write *and* a broker send, and kombu is sync, so a thread is
 needed either way; every write stays the one statement of the store's ledger
-(invariant 2), not a second, async copy of it; and measured (Postgres + Redis on one
-2-CPU machine, N concurrent enqueues, a 5 ms ticker on the loop, 3-5 repetitions),
-the threads were as fast or faster and the loop as free or freer. With the async
-engine the driver's and SQLAlchemy's Python work runs on the caller's loop itself::
+(invariant 2), not a second, async copy of it; and measured, the threads were as fast
+and the loop freer: with the async engine the driver's Python runs on the caller's loop
+itself (at 200 concurrent enqueues, a 5 ms ticker on the loop 22-39 ms late at p99).
 
-    N=50   4 threads  444-812 enqueues/s, ticker lag p99  5-9 ms
-           async engine 312-384 enqueues/s,             15-22 ms
-    N=200  4 threads  455-925 enqueues/s,              6-15 ms
-           async engine 389-455 enqueues/s,             22-39 ms
-           sync enqueue on the loop: 498/s, the loop held 458 ms (one tick in the burst)
-
-Four threads did as well as eight or sixteen there (fewer threads contending for the
-GIL with the loop); ``fleet.off_loop = OffLoop(n)`` sets another size.
+Why two threads: the loop's lateness is the interpreter's lock, held by the pool's
+threads while SQLAlchemy, psycopg and kombu run Python; each thread more is one more
+holder the loop waits behind (§9: 13.6 ms late at p99 with one thread, 48.6 with four,
+calls one by one). With batches, one thread made the endpoint's tail slower (a batch
+waits for the lock at each of its round trips, and the reads wait behind it); two kept
+the loop under 20 ms and the endpoint faster than four threads one call at a time.
+Batches also pause (``give_way``) so that the loop is not kept waiting by them.
 
 A coroutine cancelled while its call runs (a client that hung up) stops waiting, not the
 call: an enqueue or a signal already on its thread still lands, as a sync call would
@@ -32,24 +40,54 @@ once its transaction had begun. Retrying it is safe where the sync call is (a ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future as ThreadFuture
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fleet.aio_waiters import SETTLE_AT_ONCE, Waiters
+from fleet.errors import BadInput
+from fleet.handle import RunHandle
+from fleet.store.engine import CommitUnknown
+from fleet.worker.dispatch import CelerySender, Dispatcher
+
 if TYPE_CHECKING:
-    from fleet.handle import RunHandle
     from fleet.registry import WorkflowDef
+    from fleet.store.ledger import Ledger, NewChild
+    from fleet.store.queries import Queries
+    from fleet.worker.runtime import Runtime
 
 T = TypeVar("T")
 
-# Threads per Fleet for async callers. Below the Postgres engine's pool (5 + 10 overflow)
-# so a thread never queues for a connection: a burst of callers queues here, in the
-# executor, as coroutines, instead of as threads blocked on the pool.
-OFF_LOOP_THREADS = 4
+log = logging.getLogger("fleet.dispatch")
+
+# Threads per Fleet for async callers (see the module's docstring). A burst of enqueues
+# takes at most all of them, one batch at a time each; waiters take none between reads.
+OFF_LOOP_THREADS = 2
+ENQUEUE_BATCH = 100  # most runs one transaction of aenqueue inserts
+# A pool thread running Python back to back holds the interpreter's lock, and the loop,
+# which gives it up at each turn (its select), waits up to the switch interval (5 ms)
+# to have it back, turn after turn. So a thread that has worked GIVE_WAY_AFTER seconds
+# pauses GIVE_WAY_FOR seconds: the loop takes the lock while the thread sleeps.
+GIVE_WAY_AFTER = 0.002
+GIVE_WAY_FOR = 0.0002
+_since = threading.local()
+
+
+def give_way() -> None:
+    """On a pool thread, between two pieces of work: pause if it has worked long."""
+    now = time.perf_counter()
+    if now - getattr(_since, "start", 0.0) >= GIVE_WAY_AFTER:
+        time.sleep(GIVE_WAY_FOR)
+        _since.start = time.perf_counter()
 
 
 class OffLoop:
@@ -58,6 +96,8 @@ class OffLoop:
     Created on first use and again in a forked child (threads do not survive a fork)."""
 
     def __init__(self, threads: int = OFF_LOOP_THREADS) -> None:
+        if threads < 1:
+            raise ValueError(f"OffLoop needs at least one thread, not {threads}")
         self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self._pid = 0
@@ -79,6 +119,10 @@ class OffLoop:
         call = functools.partial(ctx.run, fn, *args, **kwargs)
         return await loop.run_in_executor(self._executor(), call)
 
+    def submit(self, fn: Callable[[], None]) -> ThreadFuture[None]:
+        """``fn()`` on one of the threads, not awaited (it settles its callers itself)."""
+        return self._executor().submit(fn)
+
     def shutdown(self) -> None:
         """Let the threads go once their calls are done (a new call starts new ones)."""
         with self._lock:
@@ -87,22 +131,203 @@ class OffLoop:
             pool.shutdown(wait=False)
 
 
+def _settle_some(settled: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    """On the futures' loop: each its value or its error, unless its caller gave up;
+    ``SETTLE_AT_ONCE`` of them per turn of the loop, so that a batch's callers, woken
+    together, do not hold the loop for a whole batch's worth of their own work."""
+    for future, value, error in settled[:SETTLE_AT_ONCE]:
+        if future.done():
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+    if len(settled) > SETTLE_AT_ONCE:
+        asyncio.get_running_loop().call_soon(_settle_some, settled[SETTLE_AT_ONCE:])
+
+
+@dataclass(eq=False)
+class _Enqueue:
+    """One ``aenqueue`` call waiting for the thread: its checks (``prepare``, run in the
+    caller's context), and where its outcome goes."""
+
+    prepare: Callable[[], NewChild]
+    ctx: contextvars.Context
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[str]
+    run: NewChild | None = None
+    created: bool = False
+    error: BaseException | None = None
+
+
+class Enqueues:
+    """A ``Fleet``'s ``aenqueue`` calls, inserted in batches: each of the pool's threads
+    takes what waits when it is free (one batch when calls come in a burst)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+        self._pending: list[_Enqueue] = []
+        self._draining = 0  # threads inserting batches now, at most the pool's size
+        self._pid = os.getpid()
+
+    async def enqueue(self, prepare: Callable[[], NewChild]) -> str:
+        """The run id ``prepare``'s run has once inserted (or found there) and woken."""
+        loop = asyncio.get_running_loop()
+        call = _Enqueue(prepare, contextvars.copy_context(), loop, loop.create_future())
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's threads are not here
+                self._pending, self._draining, self._pid = [], 0, os.getpid()
+            self._pending.append(call)
+            start = self._draining < self._client.off_loop.threads
+            self._draining += start
+        if start:
+            self._client.off_loop.submit(self._drain)
+        return await call.future
+
+    def _drain(self) -> None:
+        """On a pool thread: one batch of the calls waiting, then this again behind what
+        the pool was given meanwhile (a shared read, a signal), so that a stream of
+        enqueues never holds a thread from the other calls; until no call waits (then
+        a new call starts it)."""
+        with self._lock:
+            batch = self._pending[:ENQUEUE_BATCH]
+            del self._pending[:ENQUEUE_BATCH]
+            if not batch:
+                self._draining -= 1
+                return
+        try:
+            self._enqueue(batch)
+        except BaseException as exc:  # a bug here must not leave its callers waiting
+            for call in batch:
+                call.error = call.error or exc
+        self._settle(batch)
+        self._client.off_loop.submit(self._drain)
+
+    def _enqueue(self, batch: list[_Enqueue]) -> None:
+        """``enqueue`` for each call of ``batch``, the runs inserted in one transaction."""
+        todo: list[_Enqueue] = []
+        for call in batch:
+            if call.future.cancelled():  # gave up before its turn: as an unstarted call
+                continue
+            give_way()
+            try:
+                call.run = call.ctx.run(call.prepare)
+                todo.append(call)
+            except Exception as exc:
+                call.error = exc
+        # In id order, so two processes' batches lock the same new rows in the same order.
+        todo.sort(key=lambda c: c.run.run_id if c.run else "")
+        give_way()
+        if not (len(todo) > 1 and self._insert_together(todo)):
+            for call in todo:
+                self._insert_alone(call)
+        self._wake([call for call in todo if call.created])
+
+    def _wake(self, new: list[_Enqueue]) -> None:
+        """Each new run's wake-up, as ``enqueue`` sends it; through Celery, all of them
+        in one round to the broker (kombu's batch: one Redis pipeline), which also takes
+        half the interpreter's time of one publish each. A failure to send is logged,
+        never the caller's: the sweeper re-sends what was lost (as for ``enqueue``)."""
+        dispatcher = self._client.runtime.dispatcher
+        if type(dispatcher.sender) is not CelerySender or len(new) < 2:  # the test seam's
+            for call in new:
+                assert call.run is not None
+                call.ctx.run(dispatcher.advance, call.run.run_id, call.run.queue)
+            return
+        celery = dispatcher.sender.celery
+        try:
+            with celery.producer_or_acquire() as producer, producer.batch():
+                one_round = Dispatcher(CelerySender(celery, producer))
+                for call in new:
+                    assert call.run is not None
+                    give_way()
+                    call.ctx.run(one_round.advance, call.run.run_id, call.run.queue)
+        except Exception as exc:  # the broker is down, the round was cut: the sweeper
+            ids = [call.run.run_id for call in new if call.run]
+            log.warning(
+                "could not send the wake-ups of runs %s (%s); the sweeper will re-send them",
+                ids,
+                exc,
+            )
+
+    def _insert_together(self, todo: list[_Enqueue]) -> bool:
+        """Every run in one statement and one transaction: False if it failed, and each
+        call is to be tried on its own (so that one call's failure is never the others').
+        A run id another workflow holds is that call's refusal alone; one id twice is one
+        run, woken once; a commit whose outcome is unknown is every call's error, as it
+        would be of each call alone."""
+        runtime, claimed = self._client.runtime, set[str]()
+        try:
+            with runtime.db.transaction() as tx:
+                inserted = runtime.ledger.within(tx).create_runs([c.run for c in todo if c.run])
+                queries = runtime.queries.within(tx)
+                for call in todo:
+                    assert call.run is not None
+                    rid = call.run.run_id
+                    call.created = rid in inserted and rid not in claimed
+                    claimed.add(rid)
+                    if not call.created:
+                        try:
+                            self._client._check_taken(call.run, queries)
+                        except BadInput as exc:
+                            call.error = exc
+        except CommitUnknown as exc:
+            for call in todo:
+                call.created, call.error = False, exc
+        except Exception:
+            for call in todo:
+                call.created, call.error = False, None
+            return False
+        return True
+
+    def _insert_alone(self, call: _Enqueue) -> None:
+        """The sync ``enqueue``'s insert, in its own transaction."""
+        runtime = self._client.runtime
+        assert call.run is not None
+        try:
+            call.created = self._client._create_run(call.run, runtime.ledger, runtime.queries)
+        except Exception as exc:
+            call.error = exc
+
+    @staticmethod
+    def _settle(batch: list[_Enqueue]) -> None:
+        """Each caller's outcome on its loop: one wake-up of each loop for the batch."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any, BaseException | None]]] = {}
+        for call in batch:
+            run_id = call.run.run_id if call.run else None
+            by_loop.setdefault(call.loop, []).append((call.future, run_id, call.error))
+        for loop, settled in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                loop.call_soon_threadsafe(_settle_some, settled)
+
+
 class AsyncClient:
-    """``Fleet``'s async methods: each runs its sync namesake on ``self.off_loop``."""
+    """``Fleet``'s async methods: each runs its sync namesake's work on ``self.off_loop``
+    (``aenqueue`` batched by ``self.enqueues``)."""
 
     off_loop: OffLoop
+    enqueues: Enqueues
+    waiters: Waiters
+    runtime: Runtime
 
     if TYPE_CHECKING:  # provided by Fleet
 
-        def enqueue(
+        def _new_run(
             self,
             workflow: WorkflowDef | str,
-            *args: Any,
-            run_id: str | None = None,
-            budget: Mapping[str, float] | None = None,
-            tenant: str | None = None,
-            **kwargs: Any,
-        ) -> RunHandle: ...
+            args: tuple[Any, ...],
+            kwargs: Mapping[str, Any],
+            run_id: str | None,
+            budget: Mapping[str, float] | None,
+            tenant: str | None,
+        ) -> NewChild: ...
+
+        @staticmethod
+        def _create_run(run: NewChild, ledger: Ledger, queries: Queries) -> bool: ...
+
+        @staticmethod
+        def _check_taken(run: NewChild, queries: Queries) -> None: ...
 
         def run(self, run_id: str) -> RunHandle: ...
 
@@ -136,9 +361,8 @@ class AsyncClient:
     ) -> RunHandle:
         """``enqueue``, awaited: the run is recorded and its wake-up sent off the loop.
         With ``run_id``, idempotent: the same id twice (even at once) is one run."""
-        return await self.off_loop.call(
-            self.enqueue, workflow, *args, run_id=run_id, budget=budget, tenant=tenant, **kwargs
-        )
+        prepare = functools.partial(self._new_run, workflow, args, kwargs, run_id, budget, tenant)
+        return RunHandle(self, await self.enqueues.enqueue(prepare))  # type: ignore[arg-type]
 
     async def arun(self, run_id: str) -> RunHandle:
         """``run``, awaited: a handle for an existing run, or ``UnknownRun``."""

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fleet.aio_client import AsyncClient, OffLoop
+from fleet.aio_client import AsyncClient, Enqueues, OffLoop, Waiters
 from fleet.config import Settings
 from fleet.errors import BadInput
 from fleet.handle import RunHandle
@@ -30,7 +30,7 @@ from fleet.registry import (
 from fleet.steering import Steering
 from fleet.store import migrate
 from fleet.store.engine import Database
-from fleet.store.ledger import Ledger
+from fleet.store.ledger import Ledger, NewChild
 from fleet.store.queries import Queries
 from fleet.transcripts import DEFAULT, TranscriptInfo
 from fleet.worker import retention
@@ -83,6 +83,7 @@ class Fleet(AsyncClient, Steering):
         )
         register(self.celery, self.runtime)
         self.off_loop = OffLoop()
+        self.enqueues, self.waiters = Enqueues(self), Waiters(self)
         self._schema_checked = False
         self._schema_lock = threading.Lock()  # async callers' first calls come at once
         if on_dead_letter is not None:
@@ -223,6 +224,22 @@ class Fleet(AsyncClient, Steering):
         printable characters): whose run it is, stored on it and inherited by its child
         runs (``fleet runs --tenant``, the console filter by it). Enqueued again under
         the same ``run_id`` with another tenant, the run keeps its first one."""
+        run = self._new_run(workflow, args, kwargs, run_id, budget, tenant)
+        if self._create_run(run, self.runtime.ledger, self.runtime.queries):
+            self.runtime.dispatcher.advance(run.run_id, run.queue)
+        return RunHandle(self, run.run_id)
+
+    def _new_run(
+        self,
+        workflow: WorkflowDef | str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        run_id: str | None,
+        budget: Mapping[str, float] | None,
+        tenant: str | None,
+    ) -> NewChild:
+        """``enqueue``'s checks of its input and its arguments' payload: the run to insert
+        (``aenqueue`` inserts several of them in one transaction)."""
         wf = self.registry.workflow(workflow)
         if tenant is not None and (
             not isinstance(tenant, str)
@@ -247,15 +264,46 @@ class Fleet(AsyncClient, Steering):
             {"args": list(args), "kwargs": kwargs}, what=f"arguments of workflow {wf.name}"
         )
         queue = wf.queue(self.settings.queue)
-        if self.runtime.ledger.create_run(
-            rid, wf.name, wf.version, pins, payload, queue, budget_tokens, budget_cost, tenant
+        return NewChild(
+            rid,
+            wf.name,
+            wf.version,
+            pins,
+            payload,
+            queue,
+            budget_tokens,
+            budget_cost,
+            tenant=tenant,
+        )
+
+    @staticmethod
+    def _create_run(run: NewChild, ledger: Ledger, queries: Queries) -> bool:
+        """Insert ``run``: True if inserted (its wake-up is to be sent), False if the run
+        was there already (enqueue is idempotent); ``BadInput`` if its id is another
+        workflow's run."""
+        if ledger.create_run(
+            run.run_id,
+            run.workflow,
+            run.version,
+            run.pins,
+            run.args,
+            run.queue,
+            run.budget_tokens,
+            run.budget_cost,
+            run.tenant,
         ):
-            self.runtime.dispatcher.advance(rid, queue)
-        else:
-            existing = self.runtime.queries.run(rid)
-            if existing is not None and existing.workflow != wf.name:
-                raise BadInput(f"run id {rid!r} already belongs to workflow {existing.workflow!r}")
-        return RunHandle(self, rid)
+            return True
+        Fleet._check_taken(run, queries)
+        return False
+
+    @staticmethod
+    def _check_taken(run: NewChild, queries: Queries) -> None:
+        """A run id found taken is the same run enqueued again, unless it is another
+        workflow's run: ``BadInput``."""
+        existing = queries.run(run.run_id)
+        if existing is not None and existing.workflow != run.workflow:
+            rid = run.run_id
+            raise BadInput(f"run id {rid!r} already belongs to workflow {existing.workflow!r}")
 
     def run(self, run_id: str) -> RunHandle:
         """A handle for an existing run."""

@@ -4,7 +4,6 @@ to keep. Its ``a``-methods are for callers on an event loop (``fleet.aio_client`
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -48,16 +47,9 @@ class RunHandle:
 
     async def aresult(self, timeout: float | None = 60.0, poll: float = 0.05) -> Any:
         """``wait``, awaited: the run's return value, ``RunFailed`` or ``WaitTimeout``.
-        Between reads it sleeps on the loop (``asyncio.sleep``); each read is a short
-        call on the Fleet's threads, so a thousand waiters hold no thread while waiting."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = poll
-        while True:
-            ended, value = await self._fleet.off_loop.call(self._ended, deadline, timeout)
-            if ended:
-                return value
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+        It waits on the loop with the Fleet's other waiters, whose runs are read in one
+        statement per round (``fleet.aio_waiters``): it holds no thread while waiting."""
+        return await self._fleet.waiters.result(self.id, timeout, poll)
 
     def _ended(self, deadline: float | None, timeout: float | None) -> tuple[bool, Any]:
         """One look at the run: ``(True, result)`` once it succeeded, ``RunFailed`` once
@@ -73,8 +65,9 @@ class RunHandle:
         return False, None
 
     async def astatus(self) -> str:
-        """``status``, awaited."""
-        return await self._fleet.off_loop.call(self.status)
+        """``status``, awaited: read with the Fleet's waiters on this loop, in one
+        statement for all of them."""
+        return await self._fleet.waiters.status(self.id)
 
     async def asteps(self) -> list[StepInfo]:
         """``steps``, awaited."""

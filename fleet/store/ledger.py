@@ -116,6 +116,13 @@ class Ledger(StepLedger):
             created = conn.execute(sql.CREATE_RUN[conn.dialect.name], params).first()
             return created is not None  # None: a duplicate enqueue
 
+    def create_runs(self, new: Sequence[NewChild]) -> set[str]:
+        """``create_run`` for many runs in one statement (concurrent ``aenqueue`` calls):
+        the ids it inserted; the others existed already."""
+        params = [_run_params(run, self.grace) for run in new]
+        with self.db.begin(self.tx) as conn:
+            return {row.id for row in conn.execute(sql.CREATE_RUN[conn.dialect.name], params)}
+
     def start_run(self, run_id: str) -> bool:
         """start_run: queued → running. False: another advance started it first (harmless)."""
         return self._move_run(sql.START_RUN, run_id)

@@ -45,6 +45,14 @@ HISTORY = select(steps).where(steps.c.run_id == RUN).order_by(steps.c.seq)
 HISTORY_AFTER = HISTORY.where(steps.c.seq > SEQ)
 
 
+class RunEnd(NamedTuple):
+    """What a waiter needs of a run: its status and, once ended, its result or error."""
+
+    status: RunStatus
+    result: str | None
+    error: str | None
+
+
 class Snapshot(NamedTuple):
     """A run row and its history, read in one transaction: what a replay needs."""
 
@@ -211,6 +219,16 @@ class Queries:
         with self.db.begin(self.tx) as conn:
             return {r: (int(d or 0), int(n)) for r, d, n in conn.execute(stmt).all()}
 
+    def run_ends(self, run_ids: Sequence[str]) -> dict[str, RunEnd]:
+        """These runs' status, result and error in one read (the async client's waiters
+        share it); an unknown id is left out."""
+        if not run_ids:
+            return {}
+        stmt = select(runs.c.id, runs.c.status, runs.c.result, runs.c.error)
+        with self.db.begin(self.tx) as conn:
+            rows = conn.execute(stmt.where(runs.c.id.in_(set(run_ids)))).all()
+        return {r.id: RunEnd(RunStatus(r.status), r.result, r.error) for r in rows}
+
     def leases_held(self, keys: Sequence[tuple[str, str, int]]) -> set[tuple[str, str, int]]:
         """Which of these ``(run id, step id, epoch)`` leases are still held: their step
         running under that epoch (one read for all of a process's watched attempts)."""
@@ -322,10 +340,11 @@ class Queries:
         if end is not None:
             stmt, params["b_end"] = transcripts.BOUNDED, end
         with self.db.begin(self.tx) as conn:
-            bodies = list(conn.execute(stmt, params).scalars())
-            if not bodies:
+            rows = conn.execute(stmt, params).all()
+            if not rows:
                 return have
-            grown = have.grown(transcripts.resolve_blobs(conn, bodies))
+            bodies = [body for body, _ in rows]
+            grown = have.grown(transcripts.resolve_blobs(conn, bodies), [s for _, s in rows])
             after_commit(conn, lambda: cache.keep(key, have, grown))
         return grown
 

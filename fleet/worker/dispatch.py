@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from celery import Celery
 
@@ -52,10 +52,12 @@ class Sender(Protocol):
 
 
 class CelerySender:
-    """Sends through a Celery app's broker connection."""
+    """Sends through a Celery app's broker connection; with ``producer``, through that
+    producer (inside its ``batch()``, what is sent goes out in one round at its end)."""
 
-    def __init__(self, celery: Celery) -> None:
+    def __init__(self, celery: Celery, producer: Any = None) -> None:
         self.celery = celery
+        self.producer = producer
 
     def send(self, message: Message) -> None:
         self.celery.send_task(
@@ -65,6 +67,7 @@ class CelerySender:
             shadow=message.shadow,
             countdown=message.countdown,
             ignore_result=True,
+            producer=self.producer,
         )
 
 
