@@ -48,6 +48,7 @@ FIRST = {"role": "user", "content": "write the long report, one section per turn
 # What the step bodies measured, read by the benchmark in the same process: seconds
 # spent reading what each turn was given, and the probe's statement counts.
 BODY_READ_SECONDS: list[float] = []
+BODY_READ_CPU: list[float] = []  # the same reads in this thread's CPU seconds
 COUNTING = False  # the benchmark's statement listener counts only while this is set
 PROBES: list[dict[str, Any]] = []
 STATEMENTS = [0, 0]  # every statement, and the SELECTs among them
@@ -58,9 +59,10 @@ CACHE: Any = None  # the bound fleet's MessageCache, set by the benchmark
 def model_turn(ctx: StepContext, messages: Any, turn: int) -> dict[str, Any]:
     """A stand-in for a model call: reads every message it is given (a model is sent
     them all), then answers with ``reply(turn)``."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     seen = len(list(messages)) if messages is not None else 0
     BODY_READ_SECONDS.append(time.perf_counter() - t0)
+    BODY_READ_CPU.append(time.thread_time() - c0)
     out = reply(turn)
     out["content"] = f"(saw {seen}) " + out["content"]
     return out

@@ -12,14 +12,19 @@ turn one step returning a ~2 KB assistant message followed by a short user messa
 For each it prints the raw message bytes (the JSON size of every message the loop
 produced), the bytes recorded (``fleet_steps.input`` + ``output``, ``fleet_messages.body``,
 ``fleet_blobs.body``), the store file after ``PRAGMA wal_checkpoint(TRUNCATE)`` and the
-ratio store/raw; and, for transcript against nothing, the wall time per turn (one
-``execute`` delivery: lease, body, commit and the replay that records the next step)
-averaged over the 20 turns before N. Then the SQL statements a step runs while it reads a
-1,000-message window: first in a fresh cache, then over the window grown by a few
-messages, then over the same window again.
+ratio store/raw; and, for transcript against nothing, the time per turn (one ``execute``
+delivery: lease, body, commit and the replay that records the next step) averaged over
+the 20 turns before N, in wall time and in this thread's CPU time (the figure to compare
+on a machine shared with other work, which inflates wall time far more). Then the SQL
+statements a step runs while it reads a 1,000-message window: first in a fresh cache,
+then over the window grown by a few messages, then over the same window again. With
+``--replay``, the replay alone (a finished loop's workflow run over its whole recorded
+history, the least of ``--reps`` times): the O(turns) part of every advance, without
+the per-turn constants (lease, commit) or the noise of a 20-turn average.
 
     .venv/bin/python -m bench.transcripts [--turns 100,1000,5000] [--quadratic 50,100,200]
-                                          [--window 1000] [--profile N]
+                                          [--window 1000] [--profile N] [--tail 20]
+                                          [--replay 1000,2000 --reps 15]
 
 A measurement, never a test: nothing here asserts on time.
 """
@@ -46,6 +51,7 @@ from bench.common import save
 from fleet import Fleet, Settings, codec
 from fleet.testing import InlineBroker
 from fleet.worker.dispatch import EXECUTE
+from fleet.worker.workflow import WorkflowContext
 
 TAIL = 20  # turns averaged before N
 TARGET_RATIO, TARGET_SLOWDOWN = 3.0, 1.5
@@ -64,6 +70,8 @@ class Storage:
     seconds: float
     turn_ms: float  # mean wall time of the TAIL turns before the last
     body_read_ms: float  # of which the step body reading what it was given
+    turn_cpu_ms: float  # the same turns in this thread's CPU time
+    body_read_cpu_ms: float
     store_16k: int  # the same store copied to 16 KiB pages (a what-if, not fleet's)
     store_ref: int  # replies stored once, messages referring to the step's output
 
@@ -86,19 +94,22 @@ def bound(path: Path) -> Fleet:
     return fleet
 
 
-def drive(broker: InlineBroker) -> list[float]:
-    """Deliver every message; the wall seconds of each ``execute`` delivery (one turn:
-    lease, body, commit and the replay recording the next turn), in order."""
+def drive(broker: InlineBroker) -> tuple[list[float], list[float]]:
+    """Deliver every message; the wall and CPU seconds (this thread's: a sync step body
+    runs in it) of each ``execute`` delivery (one turn: lease, body, commit and the
+    replay recording the next turn), in order."""
     times: list[float] = []
+    cpu: list[float] = []
     limit = 4 * 10**6
     for _ in range(limit):
         if not broker.sent:
-            return times
+            return times, cpu
         task = broker.sent[0][0]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         broker.step()
         if task == EXECUTE:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
     raise AssertionError(f"messages kept coming: {limit} delivered")
 
 
@@ -143,22 +154,27 @@ def repacked(path: Path, page_size: int = 4096, by_reference: bool = False) -> i
     return int(pages) * int(size)
 
 
-def measure(variant: str, turns: int, workdir: Path) -> Storage:
-    """One loop of ``turns`` turns on a fresh SQLite file."""
+def measure(variant: str, turns: int, workdir: Path, tail: int = TAIL) -> Storage:
+    """One loop of ``turns`` turns on a fresh SQLite file; times averaged over the
+    ``tail`` turns before the last (a longer tail averages out the collector's full
+    passes, each ~0.1 s, which a 20-turn tail catches or misses by chance)."""
     path = workdir / f"{variant}-{turns}.db"
     fleet = bound(path)
     broker = InlineBroker(fleet)
     flows.BODY_READ_SECONDS.clear()
+    flows.BODY_READ_CPU.clear()
     t0 = time.perf_counter()
     run = fleet.enqueue(variant, turns)
-    times = drive(broker)
+    times, cpu = drive(broker)
     seconds = time.perf_counter() - t0
     result = run.wait(timeout=0)
     assert result >= turns, result
     assert len(times) == turns, (len(times), turns)
     recorded, blobs, size = store_bytes(path)
-    tail = times[-TAIL - 1 : -1] or times
-    reads = flows.BODY_READ_SECONDS[-TAIL - 1 : -1] or flows.BODY_READ_SECONDS
+    wall_tail = times[-tail - 1 : -1] or times
+    reads = flows.BODY_READ_SECONDS[-tail - 1 : -1] or flows.BODY_READ_SECONDS
+    cpu_tail = cpu[-tail - 1 : -1] or cpu
+    cpu_reads = flows.BODY_READ_CPU[-tail - 1 : -1] or flows.BODY_READ_CPU
     fleet.runtime.db.engine.dispose()
     return Storage(
         variant,
@@ -168,8 +184,10 @@ def measure(variant: str, turns: int, workdir: Path) -> Storage:
         blobs,
         size,
         seconds,
-        1000 * statistics.mean(tail),
+        1000 * statistics.mean(wall_tail),
         1000 * statistics.mean(reads),
+        1000 * statistics.mean(cpu_tail),
+        1000 * statistics.mean(cpu_reads),
         repacked(path, 16384),
         repacked(path, by_reference=True),
     )
@@ -205,6 +223,31 @@ def profiled(variant: str, turns: int, workdir: Path, top: int) -> str:
     return out.getvalue()
 
 
+def replays(turns: int, workdir: Path, reps: int) -> dict[str, float]:
+    """The replay alone, per loop: run to ``turns`` turns, then its workflow replayed in
+    full over the recorded history ``reps`` times (what each advance does before it
+    records the next step; here nothing is left to record), the two loops alternating.
+    The least of each loop's times, in this thread's CPU seconds."""
+    done: dict[str, tuple[Any, Any, Any]] = {}
+    for variant in ("transcript", "nothing"):
+        fleet = bound(workdir / f"replay-{variant}-{turns}.db")
+        broker = InlineBroker(fleet)
+        run = fleet.enqueue(variant, turns)
+        drive(broker)
+        snapshot = fleet.runtime.queries.snapshot(run.id)
+        assert snapshot is not None
+        done[variant] = (fleet, fleet.runtime.registry.workflows[variant], snapshot)
+    best = {variant: float("inf") for variant in done}
+    for _ in range(reps):
+        for variant, (fleet, wf, (row, history)) in done.items():
+            c0 = time.thread_time()
+            assert wf.fn(WorkflowContext(fleet.runtime, row, history), turns) >= turns
+            best[variant] = min(best[variant], time.thread_time() - c0)
+    for fleet, _, _ in done.values():
+        fleet.runtime.db.engine.dispose()
+    return best
+
+
 def statements(size: int, more: int, workdir: Path) -> list[dict[str, Any]]:
     """The probe workflow: statements and cache reads of each probe step's body."""
     fleet = bound(workdir / f"window-{size}.db")
@@ -232,12 +275,12 @@ def statements(size: int, more: int, workdir: Path) -> list[dict[str, Any]]:
     return list(flows.PROBES)
 
 
-def table(rows: list[Storage]) -> str:
+def table(rows: list[Storage], tail: int = TAIL) -> str:
     lines = [
         "| loop | turns | raw message bytes | recorded (steps+messages) | blobs | store file "
         "| store/raw | if 16 KiB pages | if replies by reference | run s "
-        "| ms/turn (last 20) | of which body reads |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| ms/turn (last {tail}) | of which body reads | CPU ms/turn | of which body reads |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -246,7 +289,8 @@ def table(rows: list[Storage]) -> str:
             f"| {r.store_bytes / 1e6:,.2f} MB | {r.ratio:.2f}× "
             f"| {r.store_16k / r.raw_bytes:.2f}× | {r.store_ref / r.raw_bytes:.2f}× "
             f"| {r.seconds:,.1f} "
-            f"| {r.turn_ms:.2f} | {r.body_read_ms:.2f} |"
+            f"| {r.turn_ms:.2f} | {r.body_read_ms:.2f} "
+            f"| {r.turn_cpu_ms:.2f} | {r.body_read_cpu_ms:.2f} |"
         )
     return "\n".join(lines)
 
@@ -263,6 +307,9 @@ def main() -> None:
     ap.add_argument("--more", type=int, default=5, help="messages added before the 2nd probe")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the transcript loop at N")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--tail", type=int, default=TAIL, help="turns averaged before N")
+    ap.add_argument("--replay", default="", help="time the replay alone at these turns")
+    ap.add_argument("--reps", type=int, default=15, help="replays timed (the least is kept)")
     args = ap.parse_args()
 
     rows: list[Storage] = []
@@ -272,16 +319,18 @@ def main() -> None:
         for n in _ints(args.turns):
             plan += [("transcript", n), ("nothing", n)]
         for variant, n in plan:
-            row = measure(variant, n, workdir)
+            row = measure(variant, n, workdir, args.tail)
             rows.append(row)
             print(
                 f"{variant:>10} {n:>6,} turns: store {row.store_bytes / 1e6:.2f} MB "
-                f"({row.ratio:.2f}× raw), {row.seconds:.1f} s, {row.turn_ms:.2f} ms/turn",
+                f"({row.ratio:.2f}× raw), {row.seconds:.1f} s, {row.turn_ms:.2f} ms/turn "
+                f"({row.turn_cpu_ms:.2f} CPU)",
                 flush=True,
             )
         print()
-        print(table(rows))
+        print(table(rows, args.tail))
         slow: dict[int, float] = {}
+        slow_cpu: dict[int, float] = {}
         by = {(r.variant, r.turns): r for r in rows}
         for n in _ints(args.turns):
             b, c = by[("transcript", n)], by[("nothing", n)]
@@ -291,10 +340,24 @@ def main() -> None:
                 f"= {slow[n]:.2f}× (target ≤ {TARGET_SLOWDOWN}×); without the body's read: "
                 f"{(b.turn_ms - b.body_read_ms) / c.turn_ms:.2f}×"
             )
+            slow_cpu[n] = (b.turn_cpu_ms - b.body_read_cpu_ms) / c.turn_cpu_ms
+            print(
+                f"turn {n:,} in CPU time: transcript {b.turn_cpu_ms:.2f} ms vs nothing "
+                f"{c.turn_cpu_ms:.2f} ms = {b.turn_cpu_ms / c.turn_cpu_ms:.2f}×; without the "
+                f"body's read ({b.body_read_cpu_ms:.2f} ms): {slow_cpu[n]:.2f}×"
+            )
         probes = statements(args.window, args.more, workdir)
         print("\nstatements while a step reads its window:")
         for p in probes:
             print(f"  {p}")
+        replayed: dict[str, dict[str, float]] = {}
+        for n in _ints(args.replay):
+            best = replayed[str(n)] = replays(n, workdir, args.reps)
+            print(
+                f"replay of all {n:,} turns (least of {args.reps}, CPU): transcript "
+                f"{1000 * best['transcript']:.2f} ms vs nothing {1000 * best['nothing']:.2f} ms "
+                f"= {best['transcript'] / best['nothing']:.2f}×"
+            )
         profile = ""
         if args.profile:
             profile = profiled("transcript", args.profile, workdir, args.top)
@@ -304,7 +367,9 @@ def main() -> None:
         {
             "storage": [{**asdict(r), "ratio": r.ratio} for r in rows],
             "slowdown": {str(k): v for k, v in slow.items()},
+            "slowdown_cpu_without_read": {str(k): v for k, v in slow_cpu.items()},
             "statements": probes,
+            "replay_seconds": replayed,
             "profile": profile,
         },
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from fleet import codec
@@ -21,27 +22,63 @@ MAX_TRANSCRIPTS = 1024
 MAX_BYTES = 128 * 1024 * 1024
 
 
+class NotJSON(Exception):
+    """A decoded value holding something other than JSON's dicts, lists and leaves."""
+
+
+def fresh_copy(value: Any) -> Any:
+    """A structural copy of a decoded JSON value: new dicts and lists, the same strings
+    and numbers (immutable, so sharing them cannot be seen). Equal to decoding the
+    value's text afresh, without reading its bytes; anything else raises ``NotJSON``."""
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) is str else fresh_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [fresh_copy(v) for v in value]
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    raise NotJSON(type(value).__name__)
+
+
 class Recorded:
     """One transcript's messages as recorded, positions 0… ``len - 1``: their JSON
-    texts (what a step's view decodes afresh for each caller) and their values,
-    decoded once (what a replay compares its appends with; never handed out)."""
+    texts, their values, decoded once (what a replay compares its appends with; never
+    handed out, only ``fresh`` copies, to a step's view and to the replay), and the
+    position of each message recorded as its step's output (``outputs``: step id →
+    position)."""
 
-    __slots__ = ("texts", "values")
+    __slots__ = ("texts", "values", "outputs")
 
-    def __init__(self, texts: tuple[str, ...], values: tuple[Any, ...]) -> None:
+    def __init__(
+        self, texts: tuple[str, ...], values: tuple[Any, ...], outputs: dict[str, int]
+    ) -> None:
         self.texts = texts
         self.values = values
+        self.outputs = outputs
 
     def __len__(self) -> int:
         return len(self.texts)
 
-    def grown(self, texts: list[str]) -> Recorded:
-        """These messages followed by ``texts`` (the positions after them)."""
+    def fresh(self, pos: int) -> Any:
+        """Message ``pos`` as if decoded afresh (the caller's own to change): a copy of
+        its decoded value sharing its strings, or, for a value that is not plain JSON (a
+        cursor, a secret), its text decoded again."""
+        try:
+            return fresh_copy(self.values[pos])
+        except (NotJSON, RecursionError):
+            return codec.decode(self.texts[pos])
+
+    def grown(self, texts: list[str], outputs: Sequence[str | None] = ()) -> Recorded:
+        """These messages followed by ``texts`` (the positions after them); ``outputs``:
+        for each of those, the step whose output it is recorded as (None: its own)."""
         values = tuple(codec.decode(t) for t in texts)
-        return Recorded(self.texts + tuple(texts), self.values + values)
+        base = len(self.texts)
+        mine = dict(self.outputs)
+        mine.update((step, base + i) for i, step in enumerate(outputs) if step is not None)
+        return Recorded(self.texts + tuple(texts), self.values + values, mine)
 
 
-EMPTY = Recorded((), ())
+EMPTY = Recorded((), (), {})
 
 
 class MessageCache:

@@ -114,8 +114,11 @@ _PRODUCER = (steps.c.run_id == messages.c.run_id) & (steps.c.step_id == messages
 BODY = case((messages.c.body == SAME_AS_OUTPUT, steps.c.output), else_=messages.c.body)
 _OF = messages.outerjoin(steps, _PRODUCER)
 
+# The step whose output a message is recorded as (None: recorded as itself), so a
+# replay can hand that step's output out as a copy of the message it already holds.
+OUTPUT_OF = case((messages.c.body == SAME_AS_OUTPUT, messages.c.step_id), else_=None)
 MESSAGES_FROM = (
-    select(BODY)
+    select(BODY, OUTPUT_OF)
     .select_from(_OF)
     .where(messages.c.run_id == RUN, messages.c.transcript == NAME, messages.c.pos >= POS)
     .order_by(messages.c.pos)

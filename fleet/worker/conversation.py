@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, overload
 
 from fleet import codec
@@ -45,9 +44,13 @@ def _short(message: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+_NOT_HELD = object()
+
+
 class _Held(Sequence[dict[str, Any]]):
     """Messages the workflow holds: a plain sequence of them."""
 
+    __slots__ = ()
     _messages: list[dict[str, Any]]
 
     def __len__(self) -> int:
@@ -84,12 +87,15 @@ class Transcript(_Held):
                 f"not {type(message).__name__}"
             )
         pos = len(self._messages)
-        if pos < len(self._recorded):
-            if message != self._recorded.values[pos]:
+        recorded = self._recorded
+        if pos < len(recorded.texts):
+            # A message handed out by ``Conversations.output`` shares the recorded
+            # one's strings, so this compares them by identity, not byte by byte.
+            if message != recorded.values[pos]:
                 raise NonDeterminism(
                     f"non-determinism in run {self.run_id}: message {pos} of transcript "
                     f"{self.name!r} is not the one recorded (recorded "
-                    f"{_short(self._recorded.values[pos])}, appended {_short(message)})"
+                    f"{_short(recorded.values[pos])}, appended {_short(message)})"
                 )
         else:
             self._owner.new_message(self.name, pos, message)
@@ -115,7 +121,9 @@ class Transcript(_Held):
 class Window(_Held):
     """Part of a transcript as a model is shown it: a compaction's summary (if any),
     then raw messages ``start`` to ``end``. Fixed when made; given to a step as a
-    cursor."""
+    cursor. (Slotted: a long loop makes one per turn on every replay.)"""
+
+    __slots__ = ("_transcript", "_compacted", "start", "end", "_head", "_built")
 
     def __init__(
         self,
@@ -128,13 +136,16 @@ class Window(_Held):
         self._compacted = compacted
         self.start = (compacted.upto if compacted else 0) if start is None else start
         self.end = end
-        self._head = compacted.summary if compacted else []
+        self._head: Sequence[dict[str, Any]] = compacted.summary if compacted else ()
+        self._built: list[dict[str, Any]] | None = None
 
     # Built only if the workflow reads it: a window given to a step is only a cursor,
     # and copying every message at every turn would make a long loop quadratic.
-    @cached_property
+    @property
     def _messages(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return [*self._head, *self._transcript.between(self.start, self.end)]
+        if self._built is None:
+            self._built = [*self._head, *self._transcript.between(self.start, self.end)]
+        return self._built
 
     def __len__(self) -> int:
         return len(self._head) + self.end - self.start
@@ -166,10 +177,26 @@ class Conversations:
             found = self._open[name] = Transcript(self, name, recorded)
         return found
 
-    def produced(self, value: Any, step_id: str, output: str | None) -> None:
-        """``value`` was decoded from ``output``, the recorded output of step
-        ``step_id`` (kept alive, so ids stay unique)."""
+    def output(self, step_id: str, output: str | None) -> Any:
+        """The value of ``output``, the recorded output of step ``step_id``, as the
+        workflow is handed it (and kept alive, so ids stay unique). When a transcript
+        holds it as a message recorded as that output, a fresh copy of the message's
+        decoded value sharing its strings (``Recorded.fresh``): the append comparing it
+        with that message then finds each string identical instead of reading its bytes
+        (a value equal to decoding ``output`` again, and the workflow's own to change)."""
+        value = self._held(step_id)
+        if value is _NOT_HELD:
+            value = self._rt.payloads.load(output)
         self._producers[id(value)] = (value, step_id, output)
+        return value
+
+    def _held(self, step_id: str) -> Any:
+        for transcript in self._open.values():
+            recorded = transcript._recorded
+            pos = recorded.outputs.get(step_id)
+            if pos is not None:
+                return recorded.fresh(pos)
+        return _NOT_HELD
 
     def new_message(self, name: str, pos: int, message: dict[str, Any]) -> None:
         what = f"message {pos} of transcript {name!r}"

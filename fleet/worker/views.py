@@ -3,8 +3,10 @@ of the messages it stands for, read through the process's message cache.
 
 A view reads nothing until it is read, then at most one statement for the raw
 messages this process has not read yet (none once the cache holds them) and one for
-a window's summary (kept once read). Each read decodes the messages afresh, so a
-step may change what it is given without changing what another step is given.
+a window's summary (kept once read). Each read hands out the messages afresh (copies
+of the cached decoded values sharing only their immutable strings and numbers,
+``Recorded.fresh``), so a step may change what it is given without changing what
+another step is given.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from fleet import codec
 from fleet.errors import PayloadError
+from fleet.store.message_cache import Recorded
 from fleet.store.rows import RunRow
 from fleet.transcripts import Cursor, Messages, summary_messages
 from fleet.worker.runtime import Runtime
@@ -36,8 +39,8 @@ class TranscriptView(Messages):
         first = max(start - len(head), 0) + self.cursor.start
         last = end - len(head) + self.cursor.start
         if last > first:
-            texts = self._reader.texts(self.cursor, last)
-            out.extend(codec.decode(t) for t in texts[first:last])
+            fresh = self._reader.recorded(self.cursor, last).fresh
+            out.extend(fresh(pos) for pos in range(first, last))
         return out
 
     def window(self) -> TranscriptView:
@@ -73,8 +76,8 @@ class StepReader:
             created = self._created[run_id] = run.created_at
         return created
 
-    def texts(self, cursor: Cursor, end: int) -> tuple[str, ...]:
-        """The JSON texts of the transcript's messages, at least up to ``end``."""
+    def recorded(self, cursor: Cursor, end: int) -> Recorded:
+        """The transcript's recorded messages, at least up to ``end``."""
         recorded = self._rt.queries.recorded(
             cursor.run_id, self._created_at(cursor.run_id), cursor.name, end
         )
@@ -83,7 +86,7 @@ class StepReader:
                 f"transcript {cursor.name!r} of run {cursor.run_id} has {len(recorded)} "
                 f"messages recorded; the step was given {end}"
             )
-        return recorded.texts
+        return recorded
 
     def summary(self, cursor: Cursor) -> tuple[str, ...]:
         """The JSON texts of the summary messages leading a window (none without one)."""

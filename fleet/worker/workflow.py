@@ -364,9 +364,7 @@ class WorkflowContext(Children):
         if rec is None:  # recorded by this replay: not settled yet
             raise Suspend
         if rec.status == StepStatus.DONE:
-            value = self._rt.payloads.load(rec.output)
-            self.talk.produced(value, rec.step_id, rec.output)
-            return value
+            return self.talk.output(rec.step_id, rec.output)
         if rec.status == StepStatus.DEAD and rec.kind == StepKind.CHILD:
             raise ChildFailed(rec.step_id, rec.error or "child run failed", rec.attempts)
         if rec.status == StepStatus.DEAD:

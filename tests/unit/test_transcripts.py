@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from fleet import Fleet, RunFailed, Settings, StepContext, WorkflowContext, codec
 from fleet.errors import PayloadError
+from fleet.store.message_cache import EMPTY, NotJSON, fresh_copy
 from fleet.testing import InlineBroker
 from fleet.transcripts import (
     MARKER,
@@ -233,3 +234,96 @@ def test_a_compaction_never_keeps_a_tool_result_without_its_call(tmp_path: Path)
     assert summary == [{"role": "system", "content": "1 messages"}]
     assert roles == ["system", "assistant", "tool", "tool", "assistant"]
     assert [c.upto for c in fleet.transcript(run.id).compactions] == [1]
+
+
+def test_a_held_output_is_a_structural_copy_sharing_only_immutable_leaves() -> None:
+    value = codec.decode('{"a": "x", "b": [1, {"c": 2.5, "d": null, "e": true}]}')
+    copy = fresh_copy(value)
+    assert same(copy, value) and copy is not value
+    assert copy["b"] is not value["b"] and copy["b"][1] is not value["b"][1]
+    assert copy["a"] is value["a"]  # a string is shared: it cannot be changed
+    with pytest.raises(NotJSON):  # anything but JSON: its text is decoded afresh
+        fresh_copy({"chat": Cursor("r", "main", 0, 1)})
+    grown = EMPTY.grown(['{"a":1}', '{"b":2}'], [None, "s#1"]).grown(["{}"], ["s#2"])
+    assert grown.outputs == {"s#1": 1, "s#2": 2} and len(grown) == 3
+    assert grown.fresh(1) == {"b": 2} and grown.fresh(1) is not grown.values[1]
+    text = codec.encode({"chat": Cursor("r", "main", 0, 1)}, what="m", limit=1000)
+    holder = EMPTY.grown([text])
+    assert holder.fresh(0) == holder.values[0] and holder.fresh(0) is not holder.values[0]
+
+
+@app.step
+def answer(ctx: StepContext, chat: Any, n: int) -> dict[str, Any]:
+    return {"role": "assistant", "content": f"answer {n}", "meta": {"tags": ["a"]}}
+
+
+@app.workflow
+def annotating(wf: WorkflowContext, n: int) -> list[Any]:
+    """Changes each reply (its nested list too) once it is appended: the workflow's
+    own copy, never what a later replay is handed."""
+    chat = wf.transcript()
+    chat.append({"role": "user", "content": "q"})
+    for i in range(n):
+        reply = wf.step(answer, chat, i)
+        chat.append(reply)
+        reply["meta"]["tags"].append("seen")
+        reply["content"] += " (read)"
+    return [m.get("meta") for m in chat]
+
+
+def test_a_replay_hands_out_copies_of_recorded_replies_never_the_cache(tmp_path: Path) -> None:
+    fleet = app.with_settings(
+        Settings(database_url=f"sqlite:///{tmp_path}/a.db", broker_url=app.settings.broker_url)
+    )
+    broker = InlineBroker(fleet)
+    run = fleet.enqueue("annotating", 4)
+    broker.drain()
+    # Replayed five times; each reply's tags changed once, by the last replay only.
+    assert run.wait(timeout=0) == [None] + [{"tags": ["a", "seen"]}] * 4
+    row = fleet.runtime.queries.run(run.id)
+    assert row is not None
+    recorded = fleet.runtime.queries.recorded(run.id, row.created_at, "main")
+    assert recorded.outputs == {f"answer#{i}": i for i in range(1, 5)}
+    # The cached values are still what was recorded: no replay changed them.
+    assert [codec.decode(t) for t in recorded.texts] == list(recorded.values)
+    assert fleet.transcript(run.id).raw()[1] == {
+        "role": "assistant",
+        "content": "answer 0",
+        "meta": {"tags": ["a"]},
+    }
+
+
+EDIT: dict[str, Any] = {"tag": None}
+
+
+@app.workflow
+def edited(wf: WorkflowContext) -> int:
+    chat = wf.transcript()
+    chat.append({"role": "user", "content": "q"})
+    reply = wf.step(answer, chat, 0)
+    if EDIT["tag"]:
+        reply["meta"]["tags"].append(EDIT["tag"])  # a code change, deep in the reply
+    chat.append(reply)
+    wf.wait_for("go")
+    return len(chat)
+
+
+def test_a_reply_changed_before_its_append_on_replay_is_non_determinism(tmp_path: Path) -> None:
+    fleet = app.with_settings(
+        Settings(database_url=f"sqlite:///{tmp_path}/a.db", broker_url=app.settings.broker_url)
+    )
+    broker = InlineBroker(fleet)
+    run = fleet.enqueue("edited")
+    broker.drain()
+    assert run.status() == "waiting"
+    EDIT["tag"] = "new"
+    try:
+        fleet.signal(run.id, "go", True)
+        broker.drain()
+    finally:
+        EDIT["tag"] = None
+    with pytest.raises(RunFailed) as failed:
+        run.wait(timeout=0)
+    error = str(failed.value)
+    assert "NonDeterminism" in error and "message 1 of transcript 'main'" in error, error
+    assert '"tags":["a","new"]' in error
