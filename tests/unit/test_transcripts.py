@@ -146,11 +146,16 @@ def loop(wf: WorkflowContext, n: int) -> list[int]:
     return [len(chat), len(other)]
 
 
-def test_an_agent_loop_on_the_inline_broker(tmp_path: Path) -> None:
+def _inline(tmp_path: Path) -> tuple[Fleet, InlineBroker]:
+    """The test app on a SQLite store in ``tmp_path``, its messages run in process."""
     fleet = app.with_settings(
         Settings(database_url=f"sqlite:///{tmp_path}/a.db", broker_url=app.settings.broker_url)
     )
-    broker = InlineBroker(fleet)
+    return fleet, InlineBroker(fleet)
+
+
+def test_an_agent_loop_on_the_inline_broker(tmp_path: Path) -> None:
+    fleet, broker = _inline(tmp_path)
     run = fleet.enqueue("loop", 3)
     broker.drain()
     assert run.wait(timeout=0) == [4, 1]
@@ -224,10 +229,7 @@ def toolish(wf: WorkflowContext) -> list[Any]:
 
 
 def test_a_compaction_never_keeps_a_tool_result_without_its_call(tmp_path: Path) -> None:
-    fleet = app.with_settings(
-        Settings(database_url=f"sqlite:///{tmp_path}/a.db", broker_url=app.settings.broker_url)
-    )
-    broker = InlineBroker(fleet)
+    fleet, broker = _inline(tmp_path)
     run = fleet.enqueue("toolish")
     broker.drain()
     summary, roles = run.wait(timeout=0)
@@ -272,10 +274,7 @@ def annotating(wf: WorkflowContext, n: int) -> list[Any]:
 
 
 def test_a_replay_hands_out_copies_of_recorded_replies_never_the_cache(tmp_path: Path) -> None:
-    fleet = app.with_settings(
-        Settings(database_url=f"sqlite:///{tmp_path}/a.db", broker_url=app.settings.broker_url)
-    )
-    broker = InlineBroker(fleet)
+    fleet, broker = _inline(tmp_path)
     run = fleet.enqueue("annotating", 4)
     broker.drain()
     # Replayed five times; each reply's tags changed once, by the last replay only.
@@ -309,10 +308,7 @@ def edited(wf: WorkflowContext) -> int:
 
 
 def test_a_reply_changed_before_its_append_on_replay_is_non_determinism(tmp_path: Path) -> None:
-    fleet = app.with_settings(
-        Settings(database_url=f"sqlite:///{tmp_path}/a.db", broker_url=app.settings.broker_url)
-    )
-    broker = InlineBroker(fleet)
+    fleet, broker = _inline(tmp_path)
     run = fleet.enqueue("edited")
     broker.drain()
     assert run.status() == "waiting"
