@@ -25,8 +25,9 @@ from fleet.testing import InlineBroker as InlineBroker  # the tests import it fr
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 # The suite FLUSHDBs its Redis database. TEST_REDIS_DB lets two checkouts run at once;
-# each pytest-xdist worker (gw0, gw1) takes the next database. Flower's and the deploy
-# tests keep databases of their own (11, 12).
+# each pytest-xdist worker (gw0, gw1, gw2) takes the next database (9, 10, 11). Flower's
+# and the deploy tests keep databases of their own (14, 15): a worker's events on
+# Flower's database would reach Flower's metrics.
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 REDIS_DB = int(os.environ.get("TEST_REDIS_DB", "9")) + int(
     os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0

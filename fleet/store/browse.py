@@ -144,7 +144,7 @@ class Browse:
         statement for the fingerprints the live views poll every second: their plans
         cost far below jit_above_cost (30 and 550-6,700 at 1,000,000 runs, against
         100,000), so JIT never starts for them anyway."""
-        with self.db.begin() as conn:
+        with self.db.begin(read=True) as conn:
             if no_jit and conn.dialect.name == "postgresql":
                 conn.execute(_NO_JIT)
             yield conn

@@ -55,6 +55,11 @@ def _sqlite_now(element: db_now, compiler: Any, **kw: Any) -> str:
     return "((julianday('now') - 2440587.5) * 86400.0)"
 
 
+# Set while ``Database.begin(read=True)`` opens its transaction (per thread, or per
+# greenlet under gevent): SQLite's BEGIN then takes no write lock.
+_reading = threading.local()
+
+
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -70,8 +75,11 @@ def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         # IMMEDIATE takes the write lock up front: a deferred transaction that later
-        # needs to write fails with SQLITE_BUSY at once instead of waiting its turn.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # needs to write fails with SQLITE_BUSY at once instead of waiting its turn. A
+        # read (``Database.begin(read=True)``) takes no lock at all: under WAL it reads
+        # its snapshot beside the writer, so a reader frozen (SIGSTOP) or slow in it
+        # never holds up another worker's writes.
+        conn.exec_driver_sql("BEGIN" if getattr(_reading, "now", False) else "BEGIN IMMEDIATE")
 
 
 def parse_url(url: str) -> URL:
@@ -260,17 +268,20 @@ class Database:
         return self.engine.dialect.name
 
     @contextmanager
-    def begin(self, tx: Transaction | None = None) -> Iterator[Connection]:
+    def begin(self, tx: Transaction | None = None, *, read: bool = False) -> Iterator[Connection]:
         """A transaction of its own, committed on leaving; with ``tx``, a part of that
-        one instead (committed or rolled back with it). Driver errors come out as
+        one instead (committed or rolled back with it). ``read``: it only reads (on
+        SQLite it then takes no write lock). Driver errors come out as
         ``StoreUnavailable``."""
         if tx is not None:
             with self._within(tx) as conn:
                 yield conn
             return
         committed: list[Callable[[], None]] = []
+        _reading.now = read  # for the BEGIN only
         try:
             with self.engine.begin() as conn:
+                _reading.now = False
                 _AFTER[id(conn)] = committed
                 try:
                     yield conn
@@ -278,6 +289,8 @@ class Database:
                     _AFTER.pop(id(conn), None)
         except OperationalError as exc:
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
+        finally:
+            _reading.now = False
         _run(committed)
 
     @contextmanager

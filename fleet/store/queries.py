@@ -156,19 +156,19 @@ class Queries:
         return Queries(self.db, tx)
 
     def run(self, run_id: str) -> RunRow | None:
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return _first(RunRow, conn.execute(RUN_ROW, {"b_run": run_id}))
 
     def run_and_step(self, run_id: str, step_id: str) -> tuple[RunRow | None, StepRow | None]:
         """The run and one of its steps, in one transaction."""
         params = {"b_run": run_id, "b_step": step_id}
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             run = _first(RunRow, conn.execute(RUN_ROW, params))
             step = _first(StepRow, conn.execute(STEP_ROW, params)) if run else None
             return run, step
 
     def snapshot(self, run_id: str) -> Snapshot | None:
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return read_snapshot(conn, run_id, self.db.history)
 
     def runs(
@@ -187,7 +187,7 @@ class Queries:
             stmt = stmt.where(runs.c.tenant == tenant)
         if not children:
             stmt = stmt.where(runs.c.parent_id.is_(None))
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return [RunRow.from_row(row) for row in conn.execute(stmt)]
 
     def descendants(self, run_id: str, limit: int = 1000) -> list[RunRow]:
@@ -199,11 +199,11 @@ class Queries:
             .order_by(runs.c.created_at, runs.c.id)
             .limit(limit)
         )
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return [RunRow.from_row(row) for row in conn.execute(stmt)]
 
     def steps(self, run_id: str) -> list[StepRow]:
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return [StepRow.from_row(row) for row in conn.execute(HISTORY, {"b_run": run_id})]
 
     def progress(self, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
@@ -216,7 +216,7 @@ class Queries:
             .where(steps.c.run_id.in_(list(run_ids)), steps.c.kind == StepKind.TASK)
             .group_by(steps.c.run_id)
         )
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return {r: (int(d or 0), int(n)) for r, d, n in conn.execute(stmt).all()}
 
     def run_ends(self, run_ids: Sequence[str]) -> dict[str, RunEnd]:
@@ -225,7 +225,7 @@ class Queries:
         if not run_ids:
             return {}
         stmt = select(runs.c.id, runs.c.status, runs.c.result, runs.c.error)
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             rows = conn.execute(stmt.where(runs.c.id.in_(set(run_ids)))).all()
         return {r.id: RunEnd(RunStatus(r.status), r.result, r.error) for r in rows}
 
@@ -237,12 +237,12 @@ class Queries:
         stmt = select(steps.c.run_id, steps.c.step_id, steps.c.epoch).where(
             steps.c.run_id.in_({k[0] for k in keys}), steps.c.status == StepStatus.RUNNING
         )
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             running = {(r, s, int(e)) for r, s, e in conn.execute(stmt).all()}
         return {k for k in keys if k in running}
 
     def step(self, run_id: str, step_id: str) -> StepRow | None:
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return _first(StepRow, conn.execute(STEP_ROW, {"b_run": run_id, "b_step": step_id}))
 
     def attempts(self, run_id: str) -> list[AttemptRow]:
@@ -251,13 +251,13 @@ class Queries:
             .where(attempts.c.run_id == run_id)
             .order_by(attempts.c.started_at, attempts.c.epoch)
         )
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return [AttemptRow.from_row(row) for row in conn.execute(stmt)]
 
     def usage(self, run_id: str) -> dict[str, Any]:
         """Calls, tokens and cost of the run's tree: its attempts and those of its child
         runs, theirs too (a subagent's spend is its parent's)."""
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             row = conn.execute(
                 select(
                     func.coalesce(func.sum(attempts.c.calls), 0),
@@ -279,14 +279,14 @@ class Queries:
         stmt = select(incidents.c.kind, func.count()).group_by(incidents.c.kind)
         if run_id is not None:
             stmt = stmt.where(incidents.c.run_id == run_id)
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return {kind: int(n) for kind, n in conn.execute(stmt).all()}
 
     def intents(self, run_id: str, step_id: str | None = None) -> list[IntentRow]:
         stmt = select(intents).where(intents.c.run_id == run_id)
         if step_id is not None:
             stmt = stmt.where(intents.c.step_id == step_id)
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             rows = conn.execute(stmt.order_by(intents.c.step_id, intents.c.epoch))
             return [IntentRow.from_row(row) for row in rows]
 
@@ -298,7 +298,7 @@ class Queries:
             intents.c.epoch < before_epoch,
             intents.c.outcome == IntentOutcome.OPEN,
         )
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return [IntentRow.from_row(row) for row in conn.execute(stmt)]
 
     def dead_letters(
@@ -314,12 +314,12 @@ class Queries:
             stmt = stmt.where(dead_letters.c.workflow == workflow)
         if not include_replayed:
             stmt = stmt.where(dead_letters.c.replayed_at.is_(None))
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return [DeadLetterRow.from_row(row) for row in conn.execute(stmt)]
 
     def dead_letter(self, letter_id: int) -> DeadLetterRow | None:
         stmt = select(dead_letters).where(dead_letters.c.id == letter_id)
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return _first(DeadLetterRow, conn.execute(stmt))
 
     # --- transcripts ----------------------------------------------------------------
@@ -339,7 +339,7 @@ class Queries:
         stmt = transcripts.MESSAGES_FROM
         if end is not None:
             stmt, params["b_end"] = transcripts.BOUNDED, end
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             rows = conn.execute(stmt, params).all()
             if not rows:
                 return have
@@ -356,7 +356,7 @@ class Queries:
         text = cache.summary(key)
         if text is not None:
             return text
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             row = conn.execute(STEP_ROW, {"b_run": run_id, "b_step": step_id}).first()
             if row is None or row.status != StepStatus.DONE or row.output is None:
                 return None
@@ -369,7 +369,7 @@ class Queries:
         compaction row (number, start, upto, base, step_id, status, output, created_at)
         of the transcript, in one transaction, uncached: what an operator reads."""
         params = {"b_run": run_id, "b_transcript": name}
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             rows = conn.execute(transcripts.WHOLE, params).all()
             bodies = transcripts.resolve_blobs(conn, [r.body for r in rows])
             found = [
@@ -379,17 +379,17 @@ class Queries:
             return found, comps
 
     def transcript_names(self, run_id: str) -> list[str]:
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return sorted(conn.execute(transcripts.NAMES, {"b_run": run_id}).scalars())
 
     def blob(self, digest: str) -> str | None:
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return conn.execute(select(blobs.c.body).where(blobs.c.digest == digest)).scalar()
 
     def figures(self, buckets: Sequence[float]) -> Figures:
         """Fleet-wide figures for the metrics endpoint, all from the store, so they are
         right however many workers there are."""
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             dead_total, dead_open = conn.execute(_DEAD_LETTERS).one()
             hist = conn.execute(_durations(buckets)).one()
             return Figures(
@@ -410,7 +410,7 @@ class Queries:
             )
 
     def now(self) -> float:
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return float(conn.execute(select(db_now())).scalar_one())
 
     # --- dead messages: broker messages that were not fleet's -------------------------
@@ -418,14 +418,14 @@ class Queries:
     def dead_messages(self, limit: int = 100) -> list[DeadMessageInfo]:
         """The newest ``limit`` dead messages, newest first."""
         stmt = select(dead_messages).order_by(dead_messages.c.id.desc()).limit(limit)
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return [DeadMessageInfo.from_row(row) for row in conn.execute(stmt)]
 
     def dead_message(self, message_id: int) -> DeadMessageInfo | None:
         stmt = select(dead_messages).where(dead_messages.c.id == message_id)
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return _first(DeadMessageInfo, conn.execute(stmt))
 
     def dead_message_count(self) -> int:
-        with self.db.begin(self.tx) as conn:
+        with self.db.begin(self.tx, read=True) as conn:
             return int(conn.execute(select(func.count()).select_from(dead_messages)).scalar_one())

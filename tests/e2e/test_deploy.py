@@ -654,7 +654,7 @@ def test_migration_runs_on_a_fresh_database(tmp_path: Path) -> None:
     db = Database(url)
     try:
         assert not db.has_schema()
-        env = cli_env(FLEET_DATABASE_URL=url, FLEET_BROKER_URL="redis://127.0.0.1:6379/12")
+        env = cli_env(FLEET_DATABASE_URL=url, FLEET_BROKER_URL="redis://127.0.0.1:6379/15")
         for attempt in (1, 2):  # a Job that runs again is a no-op, not a failure
             result = run([*entry_point("fleet"), "db", "upgrade"], env, tmp_path)
             assert result.returncode == 0, f"attempt {attempt}: {result.stdout}{result.stderr}"
@@ -899,7 +899,7 @@ def test_the_image_dependencies_are_enough_for_every_process(tmp_path: Path) -> 
 
     env = cli_env(
         FLEET_DATABASE_URL=f"sqlite:///{tmp_path}/fleet.db",
-        FLEET_BROKER_URL="redis://127.0.0.1:6379/12",
+        FLEET_BROKER_URL="redis://127.0.0.1:6379/15",
         FLOWER_BASIC_AUTH="test:secret",
         FLOWER_ADDRESS="127.0.0.1",
     )
@@ -966,7 +966,7 @@ def test_the_image_dependencies_are_enough_for_every_process(tmp_path: Path) -> 
             proc.wait(timeout=30)
         import redis
 
-        redis.Redis("127.0.0.1", 6379, db=12).flushdb()
+        redis.Redis("127.0.0.1", 6379, db=15).flushdb()
 
 
 def free_port() -> int:

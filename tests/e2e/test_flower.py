@@ -28,7 +28,7 @@ from fleet.testing import WORKER_READY, FleetProcess, worker_argv
 from tests.harness import APP, REDIS_HOST, REDIS_PORT, ROOT, poll, require_services
 
 FLOWER_CFG = ROOT / "flower.cfg"
-REDIS_DB = 11  # not the integration tests' database
+REDIS_DB = 14  # not the integration tests' databases (9 and up, one per xdist worker)
 USER, PASSWORD = "test", "secret"
 
 
@@ -138,7 +138,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """One fleet worker and one Flower on Redis database 11, for the whole module."""
+    """One fleet worker and one Flower on Redis database 14, for the whole module."""
     require_services()
     import redis
 

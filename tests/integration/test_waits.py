@@ -109,12 +109,13 @@ def test_cancel_a_running_a_waiting_and_a_queued_run(
     cluster.worker("w1")
     cluster.sweeper()
     waiting = client.enqueue("approval")
-    running = client.enqueue("chain", 3, 0.0, 0, 4.0)  # work#1 holds its first attempt 4 s
-    poll(lambda: waiting.status() == "waiting", 30, "a waiting run")
+    running = client.enqueue("chain", 3, 0.0, 0, 6.0)  # work#1 holds its first attempt 6 s
     poll(lambda: find_event(backend, running.id, "work#1", "start"), 30, "a running step")
-    # The running run first, in this process: a CLI started under load can take longer
-    # than the step's 4 s hold, and the run would have succeeded by then.
+    # The running run first, at once and in this process: a CLI started under load (or
+    # a wait for the other run first) can take longer than the step's hold, and the run
+    # would have succeeded by then.
     assert client.cancel(running.id, "over budget")
+    poll(lambda: waiting.status() == "waiting", 30, "a waiting run")
     out = fleet_cli(backend, "cancel", waiting.id, "--reason", "changed my mind")
     assert out.returncode == 0, out.stderr
 
