@@ -6,9 +6,10 @@ future on the caller's loop, so it holds no thread, and no thread ever blocks on
 wait (each read is one short call on the Fleet's pool, beside the other calls). A
 cancelled waiter (its caller gone, ``asyncio.wait_for``'s timeout) is dropped at once.
 
-Each decides what ``RunHandle.wait`` decides from its own read, in the same order:
-``UnknownRun``, the result, ``RunFailed``, then ``WaitTimeout`` once a read at or past
-its deadline still shows the run going; its reads slow down as ``wait``'s do.
+Each decides what ``RunHandle.wait`` decides from its own read, by the same functions
+(``fleet.handle.verdict``, ``slower``): ``UnknownRun``, the result, ``RunFailed``, then
+``WaitTimeout`` once a read at or past its deadline still shows the run going; its
+reads slow down as ``wait``'s do.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from fleet.errors import RunFailed, UnknownRun, WaitTimeout
+from fleet.errors import UnknownRun
+from fleet.handle import slower, verdict
 from fleet.states import RunStatus
 
 if TYPE_CHECKING:
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-WAIT_POLL_MAX = 0.5  # a waiter's reads slow down to one each this many seconds, as wait's
 # Callers woken per turn of their loop: woken together (a batch, a shared read), each
 # resumes its own work (a web request's response), and a hundred of them in one turn
 # would keep the loop from anything else as long (bench/RESULTS.md §9).
@@ -159,21 +160,26 @@ def _settle_waiter(waiter: _Waiter, seen: _Seen | Exception, now: float) -> bool
     status, error, value, load_error = seen[waiter.run_id]
     if waiter.once:
         future.set_result(status.value)
-    elif status == RunStatus.SUCCEEDED:
+        return True
+
+    def loaded() -> Any:  # read on the pool thread by ``_look``
         if load_error is not None:
-            future.set_exception(load_error)
-        else:
-            future.set_result(value)
-    elif status.finished:
-        future.set_exception(RunFailed(waiter.run_id, status.value, error))
-    elif waiter.deadline is not None and now >= waiter.deadline:
-        text = f"run {waiter.run_id} still {status.value} after {waiter.timeout}s"
-        future.set_exception(WaitTimeout(text))
-    else:
-        waiter.due = now + waiter.delay
-        waiter.delay = min(waiter.delay * 1.5, WAIT_POLL_MAX)
-        return False
-    return True
+            raise load_error
+        return value
+
+    try:
+        ended, result = verdict(
+            waiter.run_id, status, error, loaded, waiter.deadline, waiter.timeout, now
+        )
+    except Exception as exc:
+        future.set_exception(exc)
+        return True
+    if ended:
+        future.set_result(result)
+        return True
+    waiter.due = now + waiter.delay
+    waiter.delay = slower(waiter.delay)
+    return False
 
 
 class Waiters:

@@ -5,6 +5,7 @@ to keep. Its ``a``-methods are for callers on an event loop (``fleet.aio_client`
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import RunFailed, UnknownRun, WaitTimeout
@@ -13,6 +14,35 @@ from fleet.states import RunStatus, StepKind
 
 if TYPE_CHECKING:
     from fleet.app import Fleet
+
+
+WAIT_POLL_MAX = 0.5  # a wait's reads slow down to one each this many seconds
+
+
+def slower(delay: float) -> float:
+    """The pause before a wait's next read: half as long again, up to ``WAIT_POLL_MAX``."""
+    return min(delay * 1.5, WAIT_POLL_MAX)
+
+
+def verdict(
+    run_id: str,
+    status: RunStatus,
+    error: str | None,
+    result: Callable[[], Any],
+    deadline: float | None,
+    timeout: float | None,
+    now: float,
+) -> tuple[bool, Any]:
+    """What one look at a run tells a wait (``RunHandle.wait``, and ``aresult``'s shared
+    reads): ``(True, result())`` once it succeeded, ``RunFailed`` once it ended
+    otherwise, ``WaitTimeout`` at or past ``deadline``, else ``(False, None)``."""
+    if status == RunStatus.SUCCEEDED:
+        return True, result()
+    if status.finished:
+        raise RunFailed(run_id, status.value, error)
+    if deadline is not None and now >= deadline:
+        raise WaitTimeout(f"run {run_id} still {status.value} after {timeout}s")
+    return False, None
 
 
 class RunHandle:
@@ -43,7 +73,7 @@ class RunHandle:
             if ended:
                 return value
             time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            delay = slower(delay)
 
     async def aresult(self, timeout: float | None = 60.0, poll: float = 0.05) -> Any:
         """``wait``, awaited: the run's return value, ``RunFailed`` or ``WaitTimeout``.
@@ -55,14 +85,9 @@ class RunHandle:
         """One look at the run: ``(True, result)`` once it succeeded, ``RunFailed`` once
         it ended otherwise, ``WaitTimeout`` past ``deadline``, else ``(False, None)``."""
         row = self._row()
-        status = RunStatus(row.status)
-        if status == RunStatus.SUCCEEDED:
-            return True, self._fleet.runtime.payloads.load(row.result)
-        if status.finished:
-            raise RunFailed(self.id, status.value, row.error)
-        if deadline is not None and time.monotonic() >= deadline:
-            raise WaitTimeout(f"run {self.id} still {status.value} after {timeout}s")
-        return False, None
+        load = self._fleet.runtime.payloads.load
+        status, now = RunStatus(row.status), time.monotonic()
+        return verdict(self.id, status, row.error, lambda: load(row.result), deadline, timeout, now)
 
     async def astatus(self) -> str:
         """``status``, awaited: read with the Fleet's waiters on this loop, in one
