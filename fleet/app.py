@@ -281,17 +281,7 @@ class Fleet(AsyncClient, Steering):
         """Insert ``run``: True if inserted (its wake-up is to be sent), False if the run
         was there already (enqueue is idempotent); ``BadInput`` if its id is another
         workflow's run."""
-        if ledger.create_run(
-            run.run_id,
-            run.workflow,
-            run.version,
-            run.pins,
-            run.args,
-            run.queue,
-            run.budget_tokens,
-            run.budget_cost,
-            run.tenant,
-        ):
+        if run.run_id in ledger.create_runs([run]):
             return True
         Fleet._check_taken(run, queries)
         return False

@@ -111,14 +111,11 @@ class Ledger(StepLedger):
         run = NewChild(
             run_id, workflow, version, pins, args, queue, budget_tokens, budget_cost, tenant=tenant
         )
-        params = _run_params(run, self.grace)
-        with self.db.begin(self.tx) as conn:
-            created = conn.execute(sql.CREATE_RUN[conn.dialect.name], params).first()
-            return created is not None  # None: a duplicate enqueue
+        return run_id in self.create_runs([run])
 
     def create_runs(self, new: Sequence[NewChild]) -> set[str]:
-        """``create_run`` for many runs in one statement (concurrent ``aenqueue`` calls):
-        the ids it inserted; the others existed already."""
+        """Insert queued runs in one statement (one, or concurrent ``aenqueue`` calls'):
+        the ids it inserted; the others existed already (enqueue is idempotent)."""
         params = [_run_params(run, self.grace) for run in new]
         with self.db.begin(self.tx) as conn:
             return {row.id for row in conn.execute(sql.CREATE_RUN[conn.dialect.name], params)}
