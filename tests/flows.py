@@ -86,6 +86,17 @@ def chain(
     return total
 
 
+@fleet.step
+def nop(ctx: StepContext, i: int) -> int:
+    return i
+
+
+@fleet.workflow(version="1")
+def nops(wf: WorkflowContext, n: int) -> int:
+    """n sequential steps that do nothing and write nothing of their own."""
+    return sum(wf.step(nop, i) for i in range(n))
+
+
 @fleet.workflow(version="1")
 def fan(wf: WorkflowContext, n: int, seconds: float = 0.0) -> dict[str, Any]:
     """A fan-out of n parallel steps, then one more step over their sum."""

@@ -22,7 +22,6 @@ from fleet.store.predicates import (
     OUTCOME,
     OWNER,
     RUN,
-    SEQ,
     STEP,
     held,
     now,
@@ -80,8 +79,12 @@ SETTLE_BRANCH = (
 UNSETTLE_BRANCH = _update(fanouts).where(*_BRANCH_OF).values(settled=fanouts.c.settled - 1)
 
 # Zero rows: a later advance already recorded more (monotonic, so nothing is lost).
+# Its own name for the seq: it shares a statement with a step's (fleet/store/fused.py).
+ADVANCED = bindparam("b_advanced", type_=Integer)
 MARK_ADVANCED = (
-    _update(runs).where(runs.c.id == RUN, runs.c.advanced_seq < SEQ).values(advanced_seq=SEQ)
+    _update(runs)
+    .where(runs.c.id == RUN, runs.c.advanced_seq < ADVANCED)
+    .values(advanced_seq=ADVANCED)
 )
 
 # The attempt that held the previous epoch, if it never reported, was lost.

@@ -29,7 +29,7 @@ from sqlalchemy.sql.expression import Executable
 
 from fleet.errors import StoreUnavailable
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
-from fleet.store import audit, derived
+from fleet.store import audit, derived, driver, fused
 from fleet.store import messages as transcripts
 from fleet.store import transitions as sql
 from fleet.store.engine import retryable
@@ -339,7 +339,7 @@ class Ledger(StepLedger):
         """Record that a replay has seen every wake-up up to ``seq``. Zero rows: a later
         advance already recorded more (monotonic, so nothing is lost)."""
         with self.db.begin(self.tx) as conn:
-            conn.execute(derived.MARK_ADVANCED, {"b_run": run_id, "b_seq": seq})
+            conn.execute(derived.MARK_ADVANCED, {"b_run": run_id, "b_advanced": seq})
 
     # --- steps recorded by replay --------------------------------------------
 
@@ -379,6 +379,11 @@ class Ledger(StepLedger):
         fanouts = _fanouts(run_id, new)
         with self.db.begin(self.tx) as conn:
             dialect = conn.dialect.name
+            alone = len(new) == 1 and new[0].child is None and not (messages or compactions)
+            if dialect == fused.DIALECT and alone and advanced_seq is not None:
+                # A replay's usual end in one statement: its one next step, marked advanced.
+                driver.run(conn, fused.RECORD_AND_ADVANCE, {**rows[0], "b_advanced": advanced_seq})
+                return
             if messages:
                 conn.execute(
                     transcripts.APPEND[dialect], transcripts.message_params(run_id, messages)
@@ -390,7 +395,7 @@ class Ledger(StepLedger):
                 )
             if rows:
                 # One prebuilt statement; several rows (a fan-out) go as one executemany.
-                conn.execute(sql.RECORD_STEP[conn.dialect.name], rows)
+                driver.run(conn, sql.RECORD_STEP[dialect], rows)
             for s in new:
                 if s.child is not None:
                     params = _run_params(s.child, self.grace, parent=(run_id, s.step_id))
@@ -398,7 +403,8 @@ class Ledger(StepLedger):
             if fanouts:
                 conn.execute(derived.RECORD_FANOUT[dialect], fanouts)
             if advanced_seq is not None:
-                conn.execute(derived.MARK_ADVANCED, {"b_run": run_id, "b_seq": advanced_seq})
+                advanced = {"b_run": run_id, "b_advanced": advanced_seq}
+                driver.run(conn, derived.MARK_ADVANCED, advanced)
 
 
 def _run_params(

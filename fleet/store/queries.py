@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection, Row
 
 from fleet.records import DeadMessageInfo
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
+from fleet.store import driver
 from fleet.store import messages as transcripts
 from fleet.store.engine import Database, Transaction, after_commit, db_now
 from fleet.store.history import HistoryCache
@@ -67,7 +68,7 @@ def read_snapshot(
     process read before from ``cache``, the rest from the store. ``run``: its row, if
     the caller has just read it in this transaction."""
     if run is None:
-        run = conn.execute(RUN_ROW, {"b_run": run_id}).first()
+        run = driver.run(conn, RUN_ROW, {"b_run": run_id}).first()
     if run is None:
         return None
     return _snapshot(conn, RunRow.from_row(run), cache)
@@ -80,9 +81,9 @@ def _snapshot(conn: Connection, run: RunRow, cache: HistoryCache) -> Snapshot:
     key = f"{run_id}\x00{run.created_at!r}"
     prefix = cache.prefix(key)
     if prefix:
-        rows = conn.execute(HISTORY_AFTER, {"b_run": run_id, "b_seq": prefix[-1].seq})
+        rows = driver.run(conn, HISTORY_AFTER, {"b_run": run_id, "b_seq": prefix[-1].seq})
     else:
-        rows = conn.execute(HISTORY, {"b_run": run_id})
+        rows = driver.run(conn, HISTORY, {"b_run": run_id})
     tail = [StepRow.from_row(row) for row in rows]
     after_commit(conn, lambda: cache.extend(key, prefix, tail))
     return Snapshot(run, [*prefix, *tail])
@@ -163,8 +164,8 @@ class Queries:
         """The run and one of its steps, in one transaction."""
         params = {"b_run": run_id, "b_step": step_id}
         with self.db.begin(self.tx, read=True) as conn:
-            run = _first(RunRow, conn.execute(RUN_ROW, params))
-            step = _first(StepRow, conn.execute(STEP_ROW, params)) if run else None
+            run = _first(RunRow, driver.run(conn, RUN_ROW, params))
+            step = _first(StepRow, driver.run(conn, STEP_ROW, params)) if run else None
             return run, step
 
     def snapshot(self, run_id: str) -> Snapshot | None:

@@ -18,7 +18,7 @@ from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepStatus
-from fleet.store import audit, derived
+from fleet.store import audit, derived, driver, fused
 from fleet.store import transitions as sql
 from fleet.store.predicates import run_is, step_is, takeable, within_budget
 from fleet.store.queries import Snapshot, read_snapshot
@@ -129,14 +129,22 @@ class StepLedger(Upkeep):
         key = {"b_run": run_id, "b_step": step_id}
         with self.db.begin(self.tx) as conn:
             params = {**key, "b_owner": owner, "b_lease": lease_seconds}
-            taken = conn.execute(sql.TAKE, params).first()
-            if taken is None:
-                return self._why_not_taken(conn, key)
-            epoch, attempt, name, input_ = taken
-            # Epochs only grow, so a first epoch has no earlier attempt to mark lost.
-            took_over = epoch > 1 and conn.execute(derived.MARK_LOST, key).rowcount > 0
-            opened = {**key, "b_epoch": epoch, "b_attempt": attempt, "b_owner": owner}
-            conn.execute(derived.OPEN_ATTEMPT, opened)
+            if conn.dialect.name == fused.DIALECT:
+                # One statement: the take, the earlier attempt marked lost, this one opened.
+                taken = driver.run(conn, fused.TAKE_AND_OPEN, params).first()
+                if taken is None:
+                    return self._why_not_taken(conn, key)
+                epoch, attempt, name, input_, lost = taken
+                took_over = lost > 0
+            else:
+                taken = driver.run(conn, sql.TAKE, params).first()
+                if taken is None:
+                    return self._why_not_taken(conn, key)
+                epoch, attempt, name, input_ = taken
+                # Epochs only grow, so a first epoch has no earlier attempt to mark lost.
+                took_over = epoch > 1 and driver.run(conn, derived.MARK_LOST, key).rowcount > 0
+                opened = {**key, "b_epoch": epoch, "b_attempt": attempt, "b_owner": owner}
+                driver.run(conn, derived.OPEN_ATTEMPT, opened)
             if took_over:
                 self._incident(conn, Incident.TAKEOVER, run_id, step_id, epoch, owner)
             return Lease(run_id, step_id, epoch, attempt, name, input_, took_over)
@@ -162,7 +170,7 @@ class StepLedger(Upkeep):
         """Extend a held lease. False: the lease was lost (taken over or revoked)."""
         with self.db.begin(self.tx) as conn:
             params = {**_key(run_id, step_id, epoch), "b_lease": lease_seconds}
-            return conn.execute(sql.RENEW, params).rowcount == 1
+            return driver.run(conn, sql.RENEW, params).rowcount == 1
 
     def release_lease(self, run_id: str, step_id: str, epoch: int) -> bool:
         """A worker shutting down gives a held lease up: it expires now. False: it was
@@ -190,26 +198,39 @@ class StepLedger(Upkeep):
         the last to settle (``Committed.replay``)."""
         with self.db.begin(self.tx) as conn:
             key = _key(run_id, step_id, epoch)
-            fenced = conn.execute(sql.COMMIT, {**key, "b_output": output}).rowcount != 1
-            if fenced:
+            woken = None
+            if snapshot and conn.dialect.name == fused.DIALECT:
+                # One statement: the commit, its attempt closed, the run woken and read
+                # (unless the step is a branch: its fan-out's count decides, below).
+                params = {**key, "b_output": output, "b_grace": self.grace}
+                row = driver.run(conn, fused.COMMIT_AND_WAKE, params).first()
+                if row is not None and row.fanout is None:
+                    woken = row[1:]
+            else:
+                row = driver.run(conn, sql.COMMIT, {**key, "b_output": output}).first()
+                if row is not None:
+                    self._close_attempt(conn, run_id, step_id, epoch, AttemptOutcome.DONE)
+            if row is None:  # fenced
                 self._close_attempt(conn, run_id, step_id, epoch, AttemptOutcome.FENCED)
                 self._incident(conn, Incident.FENCED_WRITE, run_id, step_id, epoch, None)
                 return Committed(False)
-            self._close_attempt(conn, run_id, step_id, epoch, AttemptOutcome.DONE)
             # An effect's outcome commits with its checkpoint (and with ``earlier_intents``
             # set, the in-doubt intents of earlier attempts are settled with it).
             if effect:
                 self._settle_intents(conn, run_id, step_id, IntentOutcome.DONE, epoch=epoch)
             if earlier_intents is not None:
                 self._settle_intents(conn, run_id, step_id, earlier_intents, before=epoch)
-            if not self._branch_settled(conn, run_id, step_id):
+            branch = row.fanout is not None
+            if branch and not self._branch_settled(conn, run_id, step_id):
                 return Committed(True, replay=False)  # siblings unsettled: no wake-up
             if not snapshot:
                 self._wake(conn, run_id)
                 return Committed(True)
-            # The wake-up returns the run row the replay needs: one read fewer.
-            run = conn.execute(derived.WAKE_RETURNING, {"b_run": run_id, "b_grace": self.grace})
-            return Committed(True, read_snapshot(conn, run_id, self.db.history, run=run.first()))
+            if woken is None:
+                # The wake-up returns the run row the replay needs: one read fewer.
+                wake = {"b_run": run_id, "b_grace": self.grace}
+                woken = driver.run(conn, derived.WAKE_RETURNING, wake).first()
+            return Committed(True, read_snapshot(conn, run_id, self.db.history, run=woken))
 
     def schedule_retry(
         self, run_id: str, step_id: str, epoch: int, delay: float, error: str, *, countdown: bool

@@ -236,13 +236,18 @@ def _fenced(name: str) -> Any:
 
 
 # --- commit_output: step running → done, under the epoch held -----------------------
-COMMIT = _fenced("commit_output").values(
-    output=OUTPUT,
-    error=None,
-    lease_owner=None,
-    lease_expires_at=None,
-    redispatch_at=None,
-    finished_at=now(),
+# Returns the step's fan-out: a branch is counted settled in it (none: not a branch).
+COMMIT = (
+    _fenced("commit_output")
+    .values(
+        output=OUTPUT,
+        error=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        redispatch_at=None,
+        finished_at=now(),
+    )
+    .returning(steps.c.fanout)
 )
 
 # --- schedule_retry: step running → retry_wait, its due time in the store -----------

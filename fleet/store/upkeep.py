@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import BindParameter
 
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind
-from fleet.store import derived, pruning
+from fleet.store import derived, driver, pruning
 from fleet.store import transitions as sql
 from fleet.store.engine import Database, Transaction
 from fleet.store.predicates import EPOCH, GRACE, LIMIT, RUN, STEP, now, run_is, step_is, takeable
@@ -159,7 +159,7 @@ class LedgerBase:
 
     def _wake(self, conn: Connection, run_id: str) -> None:
         """Note that the run needs replaying; the sweeper re-sends if the advance is lost."""
-        conn.execute(derived.WAKE, {"b_run": run_id, "b_grace": self.grace})
+        driver.run(conn, derived.WAKE, {"b_run": run_id, "b_grace": self.grace})
 
     @staticmethod
     def _branch_settled(conn: Connection, run_id: str, step_id: str) -> bool:
@@ -168,7 +168,7 @@ class LedgerBase:
         settle; False: siblings are still unsettled, and a replay would only stop at
         them again (so a fan-out of N costs one replay, not N). Every transition into
         done or dead of a step that can be a branch calls it, in its transaction."""
-        row = conn.execute(derived.SETTLE_BRANCH, {"b_run": run_id, "b_step": step_id}).first()
+        row = driver.run(conn, derived.SETTLE_BRANCH, {"b_run": run_id, "b_step": step_id}).first()
         return row is None or row.settled >= row.size
 
     @staticmethod
@@ -186,7 +186,7 @@ class LedgerBase:
         error: str | None = None,
     ) -> None:
         params = {"b_run": run_id, "b_step": step_id, "b_epoch": epoch}
-        conn.execute(derived.CLOSE_ATTEMPT, {**params, "b_outcome": outcome, "b_error": error})
+        driver.run(conn, derived.CLOSE_ATTEMPT, {**params, "b_outcome": outcome, "b_error": error})
 
     @staticmethod
     def _settle_intents(

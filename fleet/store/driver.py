@@ -1,0 +1,184 @@
+"""The statements a step runs on every attempt, executed on the driver's own cursor.
+
+SQLAlchemy compiles each of them once per dialect (``compiled``); a call then binds
+its values and hands the SQL to the DBAPI cursor of the connection the caller's
+transaction holds, skipping SQLAlchemy's per-execution machinery (its compiled-cache
+lookup, parameter construction and expansion, and result set-up), which cost more of a
+step than the statements' round trips did (bench/RESULTS.md, "Where a step's time
+goes"). Everything else about the execution is SQLAlchemy's: the transaction is the
+caller's, a driver error is wrapped as SQLAlchemy wraps it (a dropped connection is
+invalidated), and ``before_cursor_execute``/``after_cursor_execute`` listeners see
+each statement.
+
+Only statements whose values need no per-execution processing beyond a bind
+processor, and whose result columns need none, are run so; ``run`` falls back to
+``Connection.execute`` for any other (``compiled`` decides, once).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import namedtuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Float
+from sqlalchemy.engine import Connection
+
+# (id of the statement, dialect name) → how to run it; the statements are module
+# constants built at import, so their ids are stable for the process's life.
+_COMPILED: dict[tuple[int, str], Compiled | None] = {}
+_KEEP: list[Any] = []  # the statements keyed above, kept alive so their ids stay theirs
+
+Params = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One statement for one dialect: its SQL, the values it carries itself, and how a
+    call's values are bound (by name, or in ``order`` for a positional driver)."""
+
+    sql: str
+    constants: dict[str, Any]
+    order: tuple[str, ...] | None
+    processors: dict[str, Callable[[Any], Any]]
+    columns: tuple[str, ...]
+
+    def bind(self, params: Params) -> Any:
+        values = {**self.constants, **params}
+        for name, process in self.processors.items():
+            if name in params:
+                values[name] = process(values[name])
+        if self.order is None:
+            return values
+        return tuple(values[name] for name in self.order)
+
+
+def compiled(stmt: Any, conn: Connection) -> Compiled | None:
+    """``stmt`` compiled for ``conn``'s dialect, once; None: run it through SQLAlchemy."""
+    dialect = conn.dialect
+    key = (id(stmt), dialect.name)
+    try:
+        return _COMPILED[key]
+    except KeyError:
+        pass
+    made = _compile(stmt, dialect)
+    _KEEP.append(stmt)
+    _COMPILED[key] = made
+    return made
+
+
+def _compile(stmt: Any, dialect: Any) -> Compiled | None:
+    comp = stmt.compile(dialect=dialect)
+    # Each result column must come back as the driver gives it.
+    result_columns = comp._result_columns
+    if not all(_as_given(entry.type, dialect) for entry in result_columns):
+        return None
+    required = {name for name, bind in comp.binds.items() if bind.required}
+    # Expanded once: the only expanding binds are the statement's own constant lists
+    # (``status IN (…)``), whose length never changes.
+    expanded = comp._process_parameters_for_postcompile(comp.construct_params(_check=False))
+    processors = dict(comp._bind_processors)
+    processors.update(expanded.processors)
+    constants = {}
+    for name, value in expanded.parameters.items():
+        if name in required:
+            continue
+        if isinstance(value, enum.Enum):
+            value = value.value
+        process = processors.pop(name, None)
+        constants[name] = value if process is None else process(value)
+    order = tuple(expanded.positiontup) if comp.positional else None
+    columns = tuple(entry.keyname for entry in result_columns)
+    return Compiled(expanded.statement, constants, order, processors, columns)
+
+
+def _as_given(type_: Any, dialect: Any) -> bool:
+    """A column of ``type_`` needs no processing of what the driver returns: a float
+    column (double precision, returned as a float) or one with no result processor."""
+    if isinstance(type_, Float) and not type_.asdecimal:
+        return True
+    return type_._cached_result_processor(dialect, None) is None
+
+
+class Rows:
+    """What ``run`` returns: the rows (named tuples: by position or by column name) and
+    the count of rows a write touched."""
+
+    __slots__ = ("rowcount", "_rows")
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+
+    def first(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def all(self) -> list[Any]:
+        return self._rows
+
+    def scalar_one(self) -> Any:
+        if len(self._rows) != 1:
+            raise LookupError(f"expected one row, got {len(self._rows)}")
+        return self._rows[0][0]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
+
+
+_ROW_TYPES: dict[tuple[str, ...], Any] = {}
+
+
+def _row_type(columns: tuple[str, ...]) -> Any:
+    made = _ROW_TYPES.get(columns)
+    if made is None:
+        made = namedtuple("Row", columns, rename=True)  # type: ignore[misc,no-redef]
+        _ROW_TYPES[columns] = made
+    return made
+
+
+def run(conn: Connection, stmt: Any, params: Params | Sequence[Params]) -> Any:
+    """Execute ``stmt`` with ``params`` (one set, or a list for executemany) in
+    ``conn``'s transaction; returns ``Rows`` (or SQLAlchemy's result, for a statement
+    it must run itself)."""
+    how = compiled(stmt, conn)
+    if how is None:
+        return conn.execute(stmt, params)
+    if isinstance(params, Mapping) or len(params) == 1:
+        one = params if isinstance(params, Mapping) else params[0]
+        many, bound = False, how.bind(one)
+    else:
+        many, bound = True, [how.bind(p) for p in params]
+    dbapi = conn.connection.dbapi_connection
+    assert dbapi is not None
+    cursor = dbapi.cursor()
+    sql = how.sql
+    try:
+        listening = conn._has_events or conn.engine._has_events
+        if listening:
+            for fn in conn.dispatch.before_cursor_execute:
+                fn(conn, cursor, sql, bound, None, many)
+        if many:
+            cursor.executemany(sql, bound)
+        else:
+            cursor.execute(sql, bound)
+        if listening:
+            for fn in conn.dispatch.after_cursor_execute:
+                fn(conn, cursor, sql, bound, None, many)
+        rows: list[Any] = (
+            list(cursor.fetchall()) if how.columns and cursor.description is not None else []
+        )
+        rowcount = cursor.rowcount
+    except Exception as exc:
+        if not isinstance(exc, conn.dialect.loaded_dbapi.Error):
+            raise
+        # Wrapped (and a lost connection invalidated) as SQLAlchemy does its own.
+        conn._handle_dbapi_exception(exc, sql, bound, cursor, None)
+        raise  # unreachable: the handler raises
+    finally:
+        cursor.close()
+    if rows:
+        make = _row_type(how.columns)
+        rows = [make(*row) for row in rows]
+    return Rows(rows, rowcount)

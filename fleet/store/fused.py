@@ -1,0 +1,102 @@
+"""On Postgres, a step's transition and the derived writes it always makes, as one
+statement: data-modifying CTEs (``WITH c AS (UPDATE … RETURNING …), a AS (UPDATE …)
+SELECT …``), so a step costs a round trip per decision instead of one per write.
+
+Each is built from the same statements the plain path runs one by one
+(``fleet/store/transitions.py``, ``fleet/store/derived.py``): the deciding write is
+the first CTE, and every derived write is conditioned on its RETURNING rows, so a
+write that was fenced or refused changes nothing else, as on the plain path, where
+the ledger runs the derived writes only after the deciding one applied. All parts
+see the snapshot the statement started with, never each other's writes; none of
+these reads what another part writes. SQLite keeps the plain path (it has no
+data-modifying CTEs, and its round trips are function calls).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import exists, literal, literal_column, select, true
+from sqlalchemy.dialects import postgresql
+
+from fleet.states import AttemptOutcome
+from fleet.store import derived
+from fleet.store import transitions as sql
+from fleet.store.predicates import OWNER, RUN, STEP, now
+from fleet.store.schema import attempts, runs
+
+# --- commit_output: the commit, its attempt closed, the run woken (unless a branch) ---
+# Zero rows: fenced (nothing written; the ledger records the fenced attempt). One row:
+# ``fanout`` is the step's fan-out (the ledger counts the branch settled and wakes the
+# run itself if it was the last), or NULL: the run was woken, the rest of the row is
+# the run as the wake-up left it.
+_committed = sql.COMMIT.cte("committed")
+_closed = (
+    derived.CLOSE_ATTEMPT.where(exists(select(_committed.c.fanout)))
+    .values(outcome=AttemptOutcome.DONE, error=None)
+    .cte("closed")
+)
+_woken = (
+    derived.WAKE.where(exists(select(_committed.c.fanout).where(_committed.c.fanout.is_(None))))
+    .returning(*runs.c)
+    .cte("woken")
+)
+COMMIT_AND_WAKE: Any = (
+    select(_committed.c.fanout, *_woken.c)
+    .select_from(_committed.outerjoin(_woken, true()))
+    .add_cte(_closed)
+)
+
+# --- take_lease: the lease taken, the attempt that held the epoch before marked lost,
+# and this attempt's row opened. Zero rows: not taken (the ledger asks why).
+# ``lost``: how many attempts were marked lost (a takeover, if any).
+_taken = sql.TAKE.cte("taken")
+_lost = (
+    derived.MARK_LOST.where(exists(select(_taken.c.epoch))).returning(attempts.c.epoch).cte("lost")
+)
+_opened = (
+    attempts.insert()
+    .from_select(
+        [
+            "run_id",
+            "step_id",
+            "epoch",
+            "attempt",
+            "worker",
+            "outcome",
+            "started_at",
+            "calls",
+            "input_tokens",
+            "output_tokens",
+            "cost",
+        ],
+        select(
+            RUN,
+            STEP,
+            _taken.c.epoch,
+            _taken.c.attempts,
+            OWNER,
+            literal(AttemptOutcome.RUNNING.value),
+            now(),
+            literal(0),
+            literal(0),
+            literal(0),
+            literal_column("0.0"),
+        ),
+    )
+    .cte("opened")
+)
+TAKE_AND_OPEN: Any = select(
+    _taken.c.epoch,
+    _taken.c.attempts,
+    _taken.c.name,
+    _taken.c.input,
+    select(literal_column("count(*)")).select_from(_lost).scalar_subquery().label("lost"),
+).add_cte(_opened)
+
+# --- record_steps of one step that ends a replay: the step, and the run marked advanced
+_recorded = sql.RECORD_STEP["postgresql"].cte("recorded")
+RECORD_AND_ADVANCE: Any = derived.MARK_ADVANCED.add_cte(_recorded)
+
+# The dialect these are for (the ledger runs them only there).
+DIALECT: str = postgresql.dialect.name
