@@ -166,9 +166,7 @@ def run(conn: Connection, stmt: Any, params: Params | Sequence[Params]) -> Any:
         if listening:
             for fn in conn.dispatch.after_cursor_execute:
                 fn(conn, cursor, sql, bound, None, many)
-        rows: list[Any] = (
-            list(cursor.fetchall()) if how.columns and cursor.description is not None else []
-        )
+        rows: list[Any] = list(cursor.fetchall()) if how.columns and not many else []
         rowcount = cursor.rowcount
     except Exception as exc:
         if not isinstance(exc, conn.dialect.loaded_dbapi.Error):
