@@ -10,6 +10,10 @@ and only the rows after them read. The cache is exact, not a guess: what it
 returns is what a full read in the same transaction would return. Rows are kept only
 once the transaction they were read in has committed (``engine.after_commit``): a
 read sees its own transaction's writes, and a commit that failed made none.
+
+Beside the rows, ``DecodedOutputs`` keeps each done row's output decoded, so that a
+replay over a long history does not decode every recorded output again at every
+advance (see its docstring for why handing it out stays exact).
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 from fleet.states import StepStatus
+from fleet.store.message_cache import NotJSON, fresh_copy
 from fleet.store.rows import StepRow
 
 # Bounds: whichever is reached first evicts the least recently replayed runs.
@@ -41,6 +47,7 @@ class HistoryCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0  # rows served from the cache, for the benchmarks
+        self.outputs = DecodedOutputs()
 
     def prefix(self, run_id: str) -> tuple[StepRow, ...]:
         with self._lock:
@@ -79,4 +86,89 @@ class HistoryCache:
     def clear(self) -> None:
         with self._lock:
             self._runs.clear()
+            self._bytes = 0
+        self.outputs.clear()
+
+
+# How a decoded output is handed out (``DecodedOutputs``): as it is (an immutable
+# leaf), as a shallow copy (a dict or list of leaves), as a structural copy (nested
+# plain JSON), or decoded again from its text (a secret or cursor inside: not plain
+# JSON, so not copied by ``fresh_copy``).
+SHARE, COPY, FRESH, DECODE = range(4)
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+MAX_OUTPUTS = 1 << 18
+Entry = tuple[StepRow, int, Any, int]
+MAX_OUTPUT_BYTES = 64 * 1024 * 1024
+
+
+def handout(value: Any) -> int:
+    """How ``value`` (a decoded output) is to be handed out: ``SHARE``, ``COPY``,
+    ``FRESH`` or ``DECODE``."""
+    kind = type(value)
+    if kind in _LEAVES:
+        return SHARE
+    if kind is dict or kind is list:
+        for item in value.values() if kind is dict else value:
+            if type(item) not in _LEAVES:
+                break
+        else:
+            return COPY
+    try:
+        fresh_copy(value)
+    except (NotJSON, RecursionError):
+        return DECODE
+    return FRESH
+
+
+class DecodedOutputs:
+    """Done step rows → their outputs, decoded once per process.
+
+    Keyed by the row object itself (held in the entry, so its id cannot be reused
+    while the entry lives): the rows the history cache hands every replay are the same
+    objects, and a row read afresh is simply decoded again. A done row's output never
+    changes, and a blob is stored by its content's hash, so the value decoded from a
+    row is the value it would decode to at any later time: the cache is exact. What
+    it keeps is never handed out, only what ``handout`` says: a workflow may change
+    the value a step returned, and a later replay must see the recorded one again.
+    Bounded by entries and by the recorded texts' length, oldest first out."""
+
+    def __init__(self, max_entries: int = MAX_OUTPUTS, max_bytes: int = MAX_OUTPUT_BYTES):
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: dict[int, Entry] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, row: StepRow) -> Entry | None:
+        """The row's entry, if kept: ``(row, how to hand it out, value, size)``."""
+        entry = self._entries.get(id(row))
+        if entry is None or entry[0] is not row:
+            return None
+        return entry
+
+    def keep(self, row: StepRow, value: Any, length: int) -> Entry:
+        """Keep ``value``, decoded from ``row``'s output (``length``: that text's);
+        returns its entry (``get``)."""
+        mode = handout(value)
+        size = 2 * length + 256  # the decoded value and the entry, roughly
+        entry = (row, mode, None if mode == DECODE else value, size)
+        if size > self.max_bytes:
+            return entry
+        with self._lock:
+            old = self._entries.pop(id(row), None)
+            if old is not None:
+                self._bytes -= old[3]
+            self._entries[id(row)] = entry
+            self._bytes += size
+            while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+                oldest = next(iter(self._entries))
+                self._bytes -= self._entries.pop(oldest)[3]
+        return entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
             self._bytes = 0

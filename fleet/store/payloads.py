@@ -17,8 +17,11 @@ from typing import Any
 from fleet import codec
 from fleet.config import Settings
 from fleet.errors import PayloadError
+from fleet.store.history import COPY, FRESH, SHARE
 from fleet.store.ledger import Ledger
+from fleet.store.message_cache import fresh_copy
 from fleet.store.queries import Queries
+from fleet.store.rows import StepRow
 
 BLOB = "blob:"
 
@@ -28,6 +31,7 @@ class Payloads:
         self.settings = settings
         self.ledger = ledger
         self.queries = queries
+        self._outputs = queries.db.history.outputs  # this process's decoded outputs
 
     def dump(self, value: Any, what: str) -> str:
         return self.store(codec.encode(value, what=what, limit=self.settings.max_blob_bytes))
@@ -47,11 +51,34 @@ class Payloads:
             if len(text) <= _SCALAR_TEXT and text[:1] not in ("{", "["):
                 return _scalar(text)
             return codec.decode(text)
-        digest = text[len(BLOB) :]
-        body = self.queries.blob(digest)
+        return codec.decode(self._blob(text))
+
+    def _blob(self, text: str) -> str:
+        body = self.queries.blob(text[len(BLOB) :])
         if body is None:
             raise PayloadError(f"stored value {text} is missing from fleet_blobs")
-        return codec.decode(body)
+        return body
+
+    def output(self, row: StepRow) -> Any:
+        """The recorded output of ``row`` (a done step), equal to ``load(row.output)``
+        and the caller's own to change, decoded once per process (``DecodedOutputs``,
+        fleet/store/history.py): a replay hands out every recorded output again."""
+        outputs = self._outputs
+        entry = outputs.get(row)
+        if entry is None:
+            text = row.output
+            if text is None:
+                return None
+            body = self._blob(text) if text.startswith(BLOB) else text
+            entry = outputs.keep(row, codec.decode(body), len(body))
+        _, mode, value, _ = entry
+        if mode == SHARE:
+            return value
+        if mode == COPY:
+            return value.copy()
+        if mode == FRESH:
+            return fresh_copy(value)
+        return self.load(row.output)  # not plain JSON (a secret, a cursor): decoded again
 
     def load_call(self, text: str, what: str) -> tuple[list[Any], dict[str, Any]]:
         """The recorded arguments of a workflow or step call (``{"args", "kwargs"}``);

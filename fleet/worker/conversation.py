@@ -21,7 +21,7 @@ from fleet.errors import NonDeterminism, PayloadError
 from fleet.registry import check_name
 from fleet.store.message_cache import Recorded
 from fleet.store.messages import SAME_AS_OUTPUT, NewCompaction, NewMessage
-from fleet.store.rows import RunRow
+from fleet.store.rows import RunRow, StepRow
 from fleet.transcripts import Cursor
 from fleet.worker.runtime import Runtime
 
@@ -177,17 +177,18 @@ class Conversations:
             found = self._open[name] = Transcript(self, name, recorded)
         return found
 
-    def output(self, step_id: str, output: str | None) -> Any:
-        """The value of ``output``, the recorded output of step ``step_id``, as the
-        workflow is handed it (and kept alive, so ids stay unique). When a transcript
-        holds it as a message recorded as that output, a fresh copy of the message's
-        decoded value sharing its strings (``Recorded.fresh``): the append comparing it
-        with that message then finds each string identical instead of reading its bytes
-        (a value equal to decoding ``output`` again, and the workflow's own to change)."""
-        value = self._held(step_id)
+    def output(self, rec: StepRow) -> Any:
+        """The recorded output of step ``rec`` (done), as the workflow is handed it (and
+        kept alive, so ids stay unique): the workflow's own to change, equal to decoding
+        the output afresh (``Payloads.output``). When a transcript holds it as a message
+        recorded as that output, a fresh copy of the message's decoded value sharing its
+        strings (``Recorded.fresh``): the append comparing it with that message then
+        finds each string identical instead of reading its bytes."""
+        step_id = rec.step_id
+        value = self._held(step_id) if self._open else _NOT_HELD
         if value is _NOT_HELD:
-            value = self._rt.payloads.load(output)
-        self._producers[id(value)] = (value, step_id, output)
+            value = self._rt.payloads.output(rec)
+        self._producers[id(value)] = (value, step_id, rec.output)
         return value
 
     def _held(self, step_id: str) -> Any:
