@@ -158,7 +158,8 @@ def test_a_step_waiting_for_room_holds_no_worker_slot(
     call waits for it, yet a run that names no limit still finds a slot and finishes
     while the long call runs: the waiting call is a countdown message, not a thread."""
     cluster.worker("w1", concurrency=2, app=APP)
-    long = lclient.enqueue("solo", 0, 4.0)
+    # Held long enough for a CLI process and three runs on a loaded 2-core host.
+    long = lclient.enqueue("solo", 0, 10.0)
     poll(lambda: any(e["run"] == long.id for e in calls(backend)), 30, "the long call")
     waiting = lclient.enqueue("solo", 1, 0.0)
     poll(
