@@ -150,7 +150,9 @@ class DecodedOutputs:
         """Keep ``value``, decoded from ``row``'s output (``length``: that text's);
         returns its entry (``get``)."""
         mode = handout(value)
-        size = 2 * length + 256  # the decoded value and the entry, roughly
+        # The decoded value, and the row it keeps alive (its input and output texts)
+        # even once the history cache has let it go; roughly.
+        size = 2 * length + len(row.input or "") + len(row.output or "") + 256
         entry = (row, mode, None if mode == DECODE else value, size)
         if size > self.max_bytes:
             return entry
