@@ -26,9 +26,10 @@ from typing import Any
 from sqlalchemy import Float
 from sqlalchemy.engine import Connection
 
-# (id of the statement, dialect name) → how to run it; the statements are module
-# constants built at import, so their ids are stable for the process's life.
-_COMPILED: dict[tuple[int, str], Compiled | None] = {}
+# (id of the statement, dialect, driver) → how to run it. Only module constants built
+# at import are run here, so their ids are stable for the process's life and this
+# holds one entry per statement and driver.
+_COMPILED: dict[tuple[int, str, str], Compiled | None] = {}
 _KEEP: list[Any] = []  # the statements keyed above, kept alive so their ids stay theirs
 
 Params = Mapping[str, Any]
@@ -58,7 +59,7 @@ class Compiled:
 def compiled(stmt: Any, conn: Connection) -> Compiled | None:
     """``stmt`` compiled for ``conn``'s dialect, once; None: run it through SQLAlchemy."""
     dialect = conn.dialect
-    key = (id(stmt), dialect.name)
+    key = (id(stmt), dialect.name, dialect.driver)
     try:
         return _COMPILED[key]
     except KeyError:
