@@ -42,6 +42,11 @@ class Suspend(BaseException):
     """
 
 
+def _is(rec: StepRow, step_id: str, name: str) -> bool:
+    """The recorded step is the one the replay asks for at its position."""
+    return rec.step_id == step_id and rec.name == name
+
+
 def _seconds(value: timedelta | float | None) -> float | None:
     if value is None:
         return None
@@ -106,25 +111,14 @@ class WorkflowContext(Children):
         if sd is None:
             sd = self._defs[fn] = self._rt.registry.step(fn)
         name = sd.name
-        if key is None:
-            n = self._counts.get(name, 0) + 1
-            self._counts[name] = n
-            step_id = f"{name}#{n}"
-        else:
-            step_id = str(key)
-        # The common case first, inline: a replay over a long history passes here once
-        # per recorded step. The step at this position is done and is the one asked
-        # for, so every check ``_expect`` makes passes (anything else takes its path).
+        step_id = self._next_id(name, key)
+        # The common case first: a replay over a long history passes here once per
+        # recorded step. The step at this position is done and passes ``_expect``'s
+        # checks (the same two predicates), so its output is handed back at once.
         pos = self._pos
         if pos < len(self._history):
             done = self._history[pos]
-            if (
-                done.status is _DONE
-                and done.step_id == step_id
-                and done.name == name
-                and step_id not in self._seen
-                and len(step_id) <= MAX_STEP_ID
-            ):
+            if done.status is _DONE and _is(done, step_id, name) and self._fresh(step_id):
                 self._seen.add(step_id)
                 self._pos = pos + 1
                 return self.talk.output(done)
@@ -318,15 +312,19 @@ class WorkflowContext(Children):
     def _next_id(self, name: str, key: str | None) -> str:
         return self._positional(name) if key is None else str(key)
 
+    def _fresh(self, step_id: str) -> bool:
+        """A step id this replay may use: 1-MAX_STEP_ID characters, not used before."""
+        return 0 < len(step_id) <= MAX_STEP_ID and step_id not in self._seen
+
     def _expect(self, step_id: str, name: str) -> StepRow | None:
         """The recorded step at this position, checked against what the replay asks for."""
-        if not step_id or len(step_id) > MAX_STEP_ID:
+        if not self._fresh(step_id):
+            if step_id in self._seen:
+                raise NonDeterminism(
+                    f"non-determinism in run {self.run_id}: step id {step_id!r} is used twice; "
+                    "give each call its own key"
+                )
             raise NonDeterminism(f"step id {step_id!r} must be 1-{MAX_STEP_ID} characters")
-        if step_id in self._seen:
-            raise NonDeterminism(
-                f"non-determinism in run {self.run_id}: step id {step_id!r} is used twice; "
-                "give each call its own key"
-            )
         self._seen.add(step_id)
         pos = self._pos
         self._pos += 1
@@ -338,7 +336,7 @@ class WorkflowContext(Children):
                 )
             return None
         rec = self._history[pos]
-        if rec.step_id != step_id or rec.name != name:
+        if not _is(rec, step_id, name):
             raise NonDeterminism(
                 f"non-determinism in run {self.run_id}: at position {pos + 1} the replay asked "
                 f"for step {step_id!r} ({name}) but the history has {rec.step_id!r} ({rec.name})"
