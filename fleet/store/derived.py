@@ -98,18 +98,23 @@ MARK_LOST = (
     .values(outcome=AttemptOutcome.LOST, finished_at=now())
 )
 
+# What an attempt's row starts with besides whose it is and when it started: the
+# plain insert below and the fused take (``fleet/store/fused.py``) both open it so.
+ATTEMPT_STARTS: dict[str, object] = {
+    "outcome": AttemptOutcome.RUNNING.value,
+    "calls": 0,
+    "input_tokens": 0,
+    "output_tokens": 0,
+    "cost": 0.0,
+}
 OPEN_ATTEMPT = insert(attempts).values(
     run_id=RUN,
     step_id=STEP,
     epoch=EPOCH,
     attempt=ATTEMPT,
     worker=OWNER,
-    outcome=AttemptOutcome.RUNNING,
     started_at=now(),
-    calls=0,
-    input_tokens=0,
-    output_tokens=0,
-    cost=0.0,
+    **ATTEMPT_STARTS,
 )
 
 _FIRST_FAILED = (

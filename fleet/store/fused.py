@@ -57,31 +57,15 @@ _lost = (
 _opened = (
     attempts.insert()
     .from_select(
-        [
-            "run_id",
-            "step_id",
-            "epoch",
-            "attempt",
-            "worker",
-            "outcome",
-            "started_at",
-            "calls",
-            "input_tokens",
-            "output_tokens",
-            "cost",
-        ],
+        ["run_id", "step_id", "epoch", "attempt", "worker", "started_at", *derived.ATTEMPT_STARTS],
         select(
             RUN,
             STEP,
             _taken.c.epoch,
             _taken.c.attempts,
             OWNER,
-            literal(AttemptOutcome.RUNNING.value),
             now(),
-            literal(0),
-            literal(0),
-            literal(0),
-            literal_column("0.0"),
+            *(literal(v, attempts.c[k].type) for k, v in derived.ATTEMPT_STARTS.items()),
         ),
     )
     .cte("opened")
