@@ -35,6 +35,7 @@ from sqlalchemy.pool import Pool
 from bench.common import delta, services, settled_pg_counters
 from bench.drivers import database_name
 from fleet import Fleet, Settings
+from fleet.store import driver, fused
 from fleet.worker.inline import run_steps
 from fleet.worker.replay import advance
 
@@ -97,9 +98,8 @@ class Meter:
         def statement(conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
             self.statements[self.stack[-1]] += 1
             head = sql.lstrip()[:6].upper()
-            # A WITH that writes: Postgres's fused statements (fleet/store/fused.py).
-            dml = head == "WITH C" or head == "WITH T" or head == "WITH R" and "INSERT" in sql
-            if head in ("INSERT", "UPDATE", "DELETE") or dml:
+            fused_write = head.startswith("WITH") and sql in _fused_writes(conn)
+            if head in ("INSERT", "UPDATE", "DELETE") or fused_write:
                 conn.info["wrote"] = True
 
         def checkout(*_: Any) -> None:
@@ -109,6 +109,14 @@ class Meter:
         event.listen(Engine, "rollback", xact)
         event.listen(Engine, "before_cursor_execute", statement)
         event.listen(Pool, "checkout", checkout)
+
+
+def _fused_writes(conn: Any) -> set[str]:
+    """The SQL of the fused statements (all of which write) as the driver sends it."""
+    if conn.dialect.name != fused.DIALECT:
+        return set()
+    made = (driver.compiled(stmt, conn) for stmt in fused.WRITES)
+    return {m.sql for m in made if m is not None}
 
 
 def _client(database_url: str) -> tuple[Fleet, list[tuple[str, list[str]]]]:

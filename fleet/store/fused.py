@@ -84,3 +84,6 @@ RECORD_AND_ADVANCE: Any = derived.MARK_ADVANCED.add_cte(_recorded)
 
 # The dialect these are for (the ledger runs them only there).
 DIALECT: str = postgresql.dialect.name
+
+# Every one of them writes (a meter that counts writing statements asks here).
+WRITES: tuple[Any, ...] = (COMMIT_AND_WAKE, TAKE_AND_OPEN, RECORD_AND_ADVANCE)
