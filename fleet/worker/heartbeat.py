@@ -9,7 +9,10 @@ the held leases up so another worker takes their steps at once.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -80,16 +83,9 @@ class Heartbeat:
             if waiting is not None:
                 waiting.append(fn)
         if waiting is not None:
-            self._beater.wake()  # it now looks for a revoked lease every second
+            self._beater.watch(self)  # it now looks for a revoked lease every second
         else:
             fn()
-
-    @property
-    def watched(self) -> bool:
-        """Whether something waits to hear at once that the lease is lost (an async
-        step's task): the beater then looks for a revoked lease every second."""
-        with self._on_lost_lock:
-            return bool(self._on_lost)
 
     def revoked(self) -> None:
         """The store says the lease is gone (the run cancelled, the step taken over),
@@ -109,6 +105,7 @@ class Heartbeat:
     def _fire_lost(self) -> None:
         with self._on_lost_lock:
             callbacks, self._on_lost = self._on_lost or [], None
+        self._beater.unwatch(self)
         for fn in callbacks:
             try:
                 fn()
@@ -144,32 +141,61 @@ class Heartbeat:
 class Beater:
     """One thread per process renews every lease its attempts hold, each when due;
     it is started on first use, and again in a forked child (threads do not survive
-    fork). The attempts it holds are also what ``release_leases`` gives up."""
+    fork). The attempts it holds are also what ``release_leases`` gives up.
+
+    Its work per wake-up does not grow with the attempts held: renewals are kept in a
+    heap by when they are due, the watched attempts apart, and an attempt added wakes
+    it only if due before it would wake anyway (a worker with 500 steps awaiting adds
+    and watches hundreds of attempts a second)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._held: dict[int, Heartbeat] = {}
+        self._watched: dict[int, Heartbeat] = {}
+        # (due, n, attempt): an entry whose attempt has left, or was rescheduled, is
+        # dropped when it comes up.
+        self._queue: list[tuple[float, int, Heartbeat]] = []
+        self._n = itertools.count()
         self._pid = 0
         self._next_check = 0.0  # when watched attempts' leases are next looked at
+        self._wakes_at = math.inf  # when the waiting thread wakes by itself
 
     def add(self, hb: Heartbeat) -> None:
         with self._cond:
             if self._pid != os.getpid():  # first use, or a forked child: a thread of its own
                 self._pid = os.getpid()
                 self._held.clear()
+                self._watched.clear()
+                self._queue.clear()
+                self._wakes_at = math.inf
                 threading.Thread(target=self._loop, name="fleet-heartbeat", daemon=True).start()
             hb.due = time.monotonic() + hb.interval
             self._held[id(hb)] = hb
-            self._cond.notify()
+            heapq.heappush(self._queue, (hb.due, next(self._n), hb))
+            if hb.due < self._wakes_at:
+                self._cond.notify()
 
-    def wake(self) -> None:
-        """Have the beater look at its attempts again (one now wants to be watched)."""
+    def watch(self, hb: Heartbeat) -> None:
+        """Look for ``hb``'s lease revoked every ``REVOKE_CHECK`` while it is held
+        (something waits to hear at once that it is lost: an async step's task)."""
         with self._cond:
-            self._cond.notify()
+            if not self._watched:  # the first: checks begin a second from now
+                self._next_check = time.monotonic() + REVOKE_CHECK
+                if self._next_check < self._wakes_at:
+                    self._cond.notify()
+            self._watched[id(hb)] = hb
+
+    def unwatch(self, hb: Heartbeat) -> None:
+        with self._cond:
+            self._watched.pop(id(hb), None)
 
     def remove(self, hb: Heartbeat) -> None:
         with self._cond:
             self._held.pop(id(hb), None)
+            self._watched.pop(id(hb), None)
+            if len(self._queue) > 2 * len(self._held) + 64:  # mostly attempts gone: rebuilt
+                self._queue = [(h.due, next(self._n), h) for h in self._held.values()]
+                heapq.heapify(self._queue)
 
     def held(self) -> list[Heartbeat]:
         with self._cond:
@@ -181,19 +207,28 @@ class Beater:
         with self._cond:
             while True:
                 now = time.monotonic()
-                due = [hb for hb in self._held.values() if hb.due <= now]
-                watched = [hb for hb in self._held.values() if hb.watched]
-                check = watched if watched and self._next_check <= now else []
+                due = []
+                queue = self._queue
+                while queue and queue[0][0] <= now:
+                    when, _, hb = heapq.heappop(queue)
+                    if self._held.get(id(hb)) is hb and hb.due == when:
+                        due.append(hb)
+                check = []
+                if self._watched and self._next_check <= now:
+                    check = [hb for hb in self._watched.values() if id(hb) in self._held]
+                    self._next_check = now + REVOKE_CHECK
                 if due or check:
                     for hb in due:
                         hb.due = now + hb.interval
-                    if check:
-                        self._next_check = now + REVOKE_CHECK
+                        heapq.heappush(queue, (hb.due, next(self._n), hb))
+                    self._wakes_at = math.inf  # busy: anything added wakes it after
                     return due, check
-                soonest = min((hb.due for hb in self._held.values()), default=now + 60.0)
-                if watched:
+                soonest = queue[0][0] if queue else now + 60.0
+                if self._watched:
                     soonest = min(soonest, self._next_check)
+                self._wakes_at = soonest
                 self._cond.wait(soonest - now)
+                self._wakes_at = math.inf
 
     def _loop(self) -> None:
         while True:

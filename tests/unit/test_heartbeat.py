@@ -59,3 +59,48 @@ def test_a_lost_lease_is_no_longer_renewed() -> None:
         assert hb not in _BEATER.held()
         assert not hb.beat(), "an explicit heartbeat raises LeaseLost from here on"
     assert ledger.count("taken-over") == 1
+
+
+def test_a_watched_lease_revoked_in_the_store_is_found_between_renewals() -> None:
+    """An attempt that wants to hear at once (an async step's task) learns within about
+    REVOKE_CHECK that the store no longer holds its lease; one that does not is left to
+    its next renewal."""
+    asked: list[set[str]] = []
+
+    def leases_held(keys: list[tuple[str, str, int]]) -> set[Any]:
+        asked.append({step_id for _, step_id, _ in keys})
+        return set()  # revoked: the run was cancelled
+
+    rt: Any = SimpleNamespace(
+        ledger=FakeLedger(),
+        queries=SimpleNamespace(leases_held=leases_held),
+        settings=SimpleNamespace(lease_seconds=600.0),
+    )
+    watched = Heartbeat(rt, Lease("run", "watched", 1, 1, "work", "{}", False), _BEATER)
+    plain = Heartbeat(rt, Lease("run", "plain", 1, 1, "work", "{}", False), _BEATER)
+    told = threading.Event()
+    with watched, plain:
+        watched.when_lost(told.set)
+        assert told.wait(5), "the revoked lease was found"
+        assert watched.lost.is_set() and not plain.lost.is_set()
+    assert asked and all(steps == {"watched"} for steps in asked)
+    assert rt.ledger.renewals == [], "found by the check, not by a renewal"
+
+
+def test_schedules_hold_while_thousands_of_attempts_come_and_go() -> None:
+    """Renewals come up in order of when they are due however many attempts have come
+    and gone: none that left is renewed, and what the beater keeps of them is bounded."""
+    ledger = FakeLedger()
+    fast = _heartbeat(ledger, "fast", 0.06)
+    with fast:
+        for i in range(3000):
+            with _heartbeat(ledger, f"gone-{i}", 600.0):
+                pass
+        kept = [_heartbeat(ledger, f"kept-{i}", 600.0) for i in range(50)]
+        for hb in kept:
+            hb.__enter__()
+        poll(lambda: ledger.count("fast") >= 3, 5, "three renewals of the short lease")
+        assert len(_BEATER._queue) <= 2 * len(_BEATER.held()) + 64
+        for hb in kept:
+            hb.__exit__(None, None, None)
+    assert set(ledger.renewals) == {"fast"}
