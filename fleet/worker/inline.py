@@ -8,12 +8,13 @@ one; that step is then not sent but run here. A step kept so is in the store alr
 if this process dies before taking it (or while running it), the sweeper sends it.
 Fan-outs are still sent, one message per item, so that any worker can take them.
 
-An advance that resumes a waiting run (its signal came, its timer fired) does the same
-with the first task step its replay recorded (``advance_steps``): the others are sent,
-that one is taken through the path a delivery takes (``attempt.take``) and run here.
-The replay has recorded it in the store already, so the sweeper sends it if this
-process dies first; a message for it that is also delivered drops itself on the live
-lease. The advance of a new run or of a run that was not waiting sends its steps.
+An advance (a new run's first, a waiting run's resume when its signal came or its
+timer fired, a fan-in's wake-up) does the same with the first task step its replay
+recorded (``advance_steps``): the others are sent, that one is taken through the path
+a delivery takes (``attempt.take``) and run here. The replay has recorded it in the
+store already, so the sweeper sends it if this process dies first; a message for it
+that is also delivered drops itself on the live lease. A step naming limits is sent
+(it takes room before its lease).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from fleet.logs import log_context
-from fleet.states import RunStatus
 from fleet.store.ledger import Lease, TakeRefused
 from fleet.worker import process
 from fleet.worker.attempt import commit, perform, running, take
@@ -60,15 +60,12 @@ def run_steps(
 def advance_steps(rt: Runtime, run_id: str) -> int:
     """What the ``fleet.advance`` task does: replay the run (``replay.advance``), send
     what it recorded but its first task step, and execute that one here, then the
-    run's next ones as ``run_steps`` does, if the run was waiting. Returns how many
-    attempts it ran."""
+    run's next ones as ``run_steps`` does. Returns how many attempts it ran."""
     with log_context(run_id=run_id):
-        snapshot = rt.queries.snapshot(run_id)
-        resumed = snapshot is not None and snapshot[0].status == RunStatus.WAITING
-        replayed = replay_run(rt, run_id, snapshot)
+        replayed = replay_run(rt, run_id)
     if replayed is None:
         return 0
-    first = _first_to_run(rt, replayed) if resumed else None
+    first = _first_to_run(rt, replayed)
     if first is None:
         replayed.send(rt)
         return 0

@@ -1,6 +1,7 @@
 """A task that finishes a step of a sequential run executes the run's next step itself
-(no broker message), up to FLEET_INLINE_STEPS per task; fan-outs are still sent, one
-message per item, so any worker can take them."""
+(no broker message), up to FLEET_INLINE_STEPS per task, and a new run's advance runs its
+first step itself; a fan-out's items but the first are still sent, one message per
+item, so any worker can take them."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_a_sequential_run_takes_one_message_per_task_of_steps(
     cluster.worker("w1", concurrency=1)
     run = client.enqueue("chain", 6)
     assert run.wait(timeout=60) == sum(i * i for i in range(6))
-    assert len(_received_lines(cluster)) == 1, "steps 2-6 ran inline, without messages"
+    assert _received_lines(cluster) == [], "steps 1-6 ran in the advance's task, no message"
     assert len({e["pid"] for e in executions(backend, run.id)}) == 1
 
 
@@ -39,7 +40,7 @@ def test_the_inline_cap_hands_the_run_back_to_the_queue(backend: Backend, cluste
     cluster.worker("w1", concurrency=1)
     run = client.enqueue("chain", 5)
     assert run.wait(timeout=60) == sum(i * i for i in range(5))
-    assert len(_received_lines(cluster)) == 3, "two steps per task: 1-2, 3-4, 5"
+    assert len(_received_lines(cluster)) == 2, "two steps per task: 1-2 (the advance), 3-4, 5"
 
 
 def test_a_fan_out_is_still_sent_item_by_item(
@@ -48,8 +49,8 @@ def test_a_fan_out_is_still_sent_item_by_item(
     cluster.worker("w1", concurrency=4)
     run = client.enqueue("fan", 3)
     assert run.wait(timeout=60)["n"] == 3
-    poll(lambda: len(_received_lines(cluster)) >= 3, 10, "the fan-out's messages")
-    assert len(_received_lines(cluster)) == 3, "three items, each a message; the last step inline"
+    poll(lambda: len(_received_lines(cluster)) >= 2, 10, "the fan-out's messages")
+    assert len(_received_lines(cluster)) == 2, "items 2 and 3 sent; 1 in the advance's task"
 
 
 def test_a_kept_step_whose_worker_died_before_taking_it_is_sent_by_the_sweeper(

@@ -1,6 +1,7 @@
-"""An advance that resumes a waiting run (its signal came) executes the first task step
-its replay recorded itself, with no execute message; the step is still taken through
-a delivery's lease, so a worker that dies in it or before taking it costs a sweep.
+"""An advance (a new run's, or one that resumes a waiting run when its signal came)
+executes the first task step its replay recorded itself, with no execute message; the
+step is still taken through a delivery's lease, so a worker that dies in it or before
+taking it costs a sweep.
 
 The module is also a small application (``signal_app``) for the worker that kills
 itself in the resumed step: ``fleet worker -A tests.integration.test_signal_inline``.
@@ -82,13 +83,22 @@ def test_the_signal_s_advance_runs_the_next_step_in_its_own_task_without_a_messa
     assert find_event(backend, run_id, "work#2", "start", pid=os.getpid())
 
 
-def test_the_advance_of_a_new_run_still_sends_its_first_step(client: Fleet) -> None:
+def test_the_advance_of_a_new_run_runs_its_first_step_in_its_own_task(
+    backend: Backend, client: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new run starts with one message, not two: its advance takes the first step's
+    lease as a delivery would and runs it, then goes on to the run's wait."""
+    monkeypatch.setenv("FLEET_TEST_LOG", str(backend.log_path))
     broker = InlineBroker(client)
     run = client.enqueue("approval")
     assert broker.sent == [(ADVANCE, [run.id])]
     broker.sent.clear()
-    assert advance_steps(client.runtime, run.id) == 0
-    assert broker.sent == [(EXECUTE, [run.id, "work#1"])]
+    assert advance_steps(client.runtime, run.id) == 1, "work#1 ran in the advance's task"
+    assert broker.sent == [], "and was never sent"
+    assert run.status() == "waiting"
+    (work1,) = run.steps()
+    assert (work1.id, work1.status, work1.attempts, work1.epoch) == ("work#1", "done", 1, 1)
+    assert find_event(backend, run.id, "work#1", "end", pid=os.getpid())
 
 
 def test_a_second_advance_of_the_same_signal_drops_the_step_on_the_live_lease(
@@ -123,10 +133,10 @@ def test_the_next_step_runs_in_the_worker_that_took_the_signal(
     cluster.worker("w1", concurrency=1)
     run = client.enqueue("approval")
     poll(lambda: run.status() == "waiting", 30, "the run to wait")
-    assert len(_step_messages(cluster)) == 1, "work#1: the new run's step is sent"
+    assert _step_messages(cluster) == [], "work#1 ran in the new run's advance"
     client.signal(run.id, "approval", {"approved": True})
     assert run.wait(timeout=60)["decision"] == {"approved": True}
-    assert len(_step_messages(cluster)) == 1, "work#2 ran in the advance's task"
+    assert _step_messages(cluster) == [], "work#2 ran in the signal's advance"
     assert find_event(backend, run.id, "work#2", "end")
 
 
