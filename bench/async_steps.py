@@ -53,7 +53,7 @@ def aagent(wf: WorkflowContext, steps: int, seconds: float) -> int:
 CONFIGS = (
     Config("async c=100", "threads", 100, 100, 20),
     Config("async c=200", "threads", 200, 200, 10),
-    Config("async c=500", "threads", 500, 500, 4),
+    Config("async c=500", "threads", 500, 500, 20),
 )
 DEFAULT = tuple(c.label for c in CONFIGS)
 

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fleet.app import Fleet
@@ -52,6 +52,10 @@ class InlineBroker:
     def send(self, message: Message) -> None:
         """The ``Sender`` side: keep the message until it is delivered."""
         self.sent.append((message.task, list(message.args)))
+
+    def waiting(self, queues: Sequence[str]) -> int:
+        """The ``Sender`` side: every message not yet delivered waits (one queue here)."""
+        return len(self.sent)
 
     def step(self) -> None:
         """Deliver the oldest message, as a worker's task would."""

@@ -16,6 +16,7 @@ bound; the ids travel in the message's arguments, where Flower shows them too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,9 +47,12 @@ class Message:
 
 class Sender(Protocol):
     """Delivers a message, or raises: the ``Dispatcher`` logs the failure and goes on
-    (the sweeper re-sends what was lost)."""
+    (the sweeper re-sends what was lost). ``waiting``: how many messages wait on
+    ``queues``, not yet taken by any worker (or raises: unknown)."""
 
     def send(self, message: Message) -> None: ...
+
+    def waiting(self, queues: Sequence[str]) -> int: ...
 
 
 class CelerySender:
@@ -70,6 +74,13 @@ class CelerySender:
             producer=self.producer,
         )
 
+    def waiting(self, queues: Sequence[str]) -> int:
+        # A connection of the app's producer pool, not a new one: a busy worker asks
+        # this for its runs many times a second.
+        with self.celery.pool.acquire(block=True, timeout=1.0) as conn:
+            channel: Any = conn.default_channel
+            return sum(int(channel._size(queue)) for queue in queues)
+
 
 class Dispatcher:
     """Sends the engine's wake-ups; each call returns whether the message went out."""
@@ -89,6 +100,15 @@ class Dispatcher:
         self, run_id: str, step_id: str, queue: str, *, shadow: str, countdown: float | None = None
     ) -> bool:
         return self._send(Message(EXECUTE, [run_id, step_id], queue, shadow, countdown))
+
+    def waiting(self, queues: Sequence[str]) -> int | None:
+        """Messages waiting on ``queues`` for a worker to take them; None: unknown (the
+        broker unreachable)."""
+        try:
+            return self.sender.waiting(queues)
+        except Exception as exc:  # the caller assumes some wait
+            log.warning("could not count the messages on %s (%s)", ", ".join(queues), exc)
+            return None
 
     def _send(self, message: Message) -> bool:
         try:

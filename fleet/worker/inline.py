@@ -2,10 +2,11 @@
 the run's next step itself, with no broker round trip and no second read.
 
 The only module that knows of it. Once a step's body has run, and while the task may
-go on (``inline_steps`` steps, ``INLINE_SECONDS``, no shutdown begun), the step's commit
-transaction also takes the lease of the run's next step if the replay recorded exactly
-one; that step is then not sent but run here. A step kept so is in the store already:
-if this process dies before taking it (or while running it), the sweeper sends it.
+go on (``inline_steps`` steps, ``INLINE_SECONDS`` if others wait for a slot, no shutdown
+begun), the step's commit transaction also takes the lease of the run's next step if
+the replay recorded exactly one; that step is then not sent but run here. A step kept
+so is in the store already: if this process dies before taking it (or while running
+it), the sweeper sends it.
 Fan-outs are still sent, one message per item, so that any worker can take them.
 
 An advance (a new run's first, a waiting run's resume when its signal came or its
@@ -19,10 +20,13 @@ that is also delivered drops itself on the live lease. A step naming limits is s
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+
+from celery.worker import state as worker_state
 
 from fleet.logs import log_context
 from fleet.store.ledger import Lease, TakeRefused
@@ -35,8 +39,13 @@ from fleet.worker.runtime import Runtime
 from fleet.worker.workflow import NewTask
 
 # However many steps ``inline_steps`` allows, a task hands the run back to the queue
-# after this long, so one long run does not keep a worker slot from the others.
+# after this long if others wait for a slot (messages on the worker's queues, or tasks
+# this worker took and has not started), so one long run does not keep a slot from
+# them; if none wait it keeps the slot and looks again this much later. A hand-back
+# costs a message through the worker's one consumer thread: 500 runs handing back every
+# 5 s with nothing waiting queued each other's for 2 s (bench.async_steps, c=500).
 INLINE_SECONDS = 5.0
+INLINE_RECHECK = 1.0
 
 
 def run_steps(
@@ -45,8 +54,8 @@ def run_steps(
     """Execute the step, then the run's next ones in this same task while each replay
     records exactly one (a sequential run). ``more(n)``, asked once the n-th step's
     body has run, says whether the task may run another; by default, up to
-    ``inline_steps`` steps within ``INLINE_SECONDS``, until a shutdown begins. Returns
-    how many attempts it ran."""
+    ``inline_steps`` steps (within ``INLINE_SECONDS`` if others wait for a slot), until
+    a shutdown begins. Returns how many attempts it ran."""
     more = more or _task_limits(rt)
     with log_context(run_id=run_id, step_id=step_id):
         att = take(rt, run_id, step_id)
@@ -91,9 +100,59 @@ def _first_to_run(rt: Runtime, replayed: Replayed) -> NewTask | None:
 def _task_limits(rt: Runtime) -> Callable[[int], bool]:
     deadline = time.monotonic() + INLINE_SECONDS
     stopping = process.current().stopping
-    return lambda n: (
-        n < rt.settings.inline_steps and time.monotonic() < deadline and not stopping.is_set()
-    )
+
+    def more(n: int) -> bool:
+        nonlocal deadline
+        if n >= rt.settings.inline_steps or stopping.is_set():
+            return False
+        if time.monotonic() < deadline:
+            return True
+        if _others_wait(rt):
+            return False
+        deadline = time.monotonic() + INLINE_RECHECK
+        return True
+
+    return more
+
+
+def _others_wait(rt: Runtime) -> bool:
+    """Whether work waits for a slot of this worker: tasks it took and has not started
+    (Celery's own count), or messages on its queues (unknown, if the broker does not
+    answer, counts as waiting)."""
+    if len(worker_state.reserved_requests) > len(worker_state.active_requests):
+        return True
+    return _QUEUED.ask(rt)
+
+
+class _Queued:
+    """Whether messages wait on a runtime's queues, asked of the broker at most once per
+    ``INLINE_RECHECK`` / 2 for all of a process's slots (500 slots asking each second
+    would be 500 broker round trips a second). Yes only if they did at two looks in a
+    row: a message seen once may be one passing through (a run handed back a moment
+    ago, about to be taken), and answering yes to it made every slot hand back in turn,
+    each one's message the next one's reason."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # id(runtime) -> (when last asked, the answer, whether messages waited then)
+        self._answers: dict[int, tuple[float, bool, bool]] = {}
+
+    def ask(self, rt: Runtime) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            when, answer, seen = self._answers.get(id(rt), (-INLINE_RECHECK, False, False))
+            if now - when < INLINE_RECHECK / 2:
+                return answer
+            # Claimed: the others take this answer until this slot has the new one.
+            self._answers[id(rt)] = (now, answer, seen)
+        waiting = rt.dispatcher.waiting(rt.registry.queues(rt.settings.queue))
+        queued = waiting is None or waiting > 0
+        with self._lock:
+            self._answers[id(rt)] = (time.monotonic(), queued and seen, queued)
+        return queued and seen
+
+
+_QUEUED = _Queued()
 
 
 def _run_one(att: Attempt, keep_next: Callable[[], bool]) -> Attempt | None:

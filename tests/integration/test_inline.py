@@ -5,8 +5,14 @@ item, so any worker can take them."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from fleet import Fleet
-from tests.harness import Backend, Cluster, executions, poll
+from fleet.worker import inline
+from fleet.worker.dispatch import ADVANCE, EXECUTE
+from tests.harness import Backend, Cluster, InlineBroker, executions, poll
 
 
 def _received_lines(cluster: Cluster) -> list[str]:
@@ -69,3 +75,72 @@ def test_a_kept_step_whose_worker_died_before_taking_it_is_sent_by_the_sweeper(
     cluster.worker("w1", concurrency=1)
     cluster.sweeper()
     assert run.wait(timeout=60) == 0 + 1
+
+
+@pytest.fixture
+def past_the_deadline(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> None:
+    """Every task is past INLINE_SECONDS after its first step; the process's answer to
+    "do others wait?" is asked afresh."""
+    monkeypatch.setenv("FLEET_TEST_LOG", str(backend.log_path))
+    monkeypatch.setattr(inline, "INLINE_SECONDS", 0.0)
+    monkeypatch.setattr(inline, "INLINE_RECHECK", 0.0)
+    monkeypatch.setattr(inline, "_QUEUED", inline._Queued())
+
+
+def test_past_its_time_a_run_keeps_its_slot_while_nothing_waits_for_one(
+    client: Fleet, past_the_deadline: None
+) -> None:
+    """A hand-back costs a message through the worker's consumer; with nobody waiting it
+    would buy nothing, so the run goes on in its task (up to FLEET_INLINE_STEPS)."""
+    broker = InlineBroker(client)
+    run = client.enqueue("chain", 4)
+    broker.sent.clear()  # taken: this is its delivery
+    assert inline.advance_steps(client.runtime, run.id) == 4, "all four in the one task"
+    assert broker.sent == []
+    assert run.wait(timeout=0) == sum(i * i for i in range(4))
+
+
+def test_past_its_time_a_run_hands_its_slot_back_when_a_message_waits(
+    client: Fleet, past_the_deadline: None
+) -> None:
+    broker = InlineBroker(client)
+    run = client.enqueue("chain", 4)
+    broker.sent.clear()
+    other = client.enqueue("chain", 1)  # its advance waits on the queue
+    # Seen after work#1, and still after work#2 (seen once, it may be passing through).
+    assert inline.advance_steps(client.runtime, run.id) == 2, "handed back after work#2"
+    assert broker.sent == [(ADVANCE, [other.id]), (EXECUTE, [run.id, "work#3"])]
+    broker.drain()
+    assert run.wait(timeout=0) == sum(i * i for i in range(4))
+    assert other.wait(timeout=0) == 0
+
+
+def test_past_its_time_a_run_hands_its_slot_back_when_the_broker_cannot_say(
+    client: Fleet, past_the_deadline: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = InlineBroker(client)
+    run = client.enqueue("chain", 4)
+    broker.sent.clear()
+
+    def unreachable(queues: Any) -> int:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(broker, "waiting", unreachable)
+    assert inline.advance_steps(client.runtime, run.id) == 2
+    assert broker.sent == [(EXECUTE, [run.id, "work#3"])]
+
+
+def test_a_message_seen_once_is_not_a_reason_to_hand_back(
+    client: Fleet, past_the_deadline: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message on the queue at one look and gone at the next was passing through (a
+    run just handed back, taken at once): no slot was wanted. Answering yes to it made
+    a worker's 500 runs hand back one after another, each one's message the next one's
+    reason (bench.async_steps, c=500)."""
+    broker = InlineBroker(client)
+    run = client.enqueue("chain", 4)
+    broker.sent.clear()
+    looks = iter([1, 0, 1, 0, 1])
+    monkeypatch.setattr(broker, "waiting", lambda queues: next(looks))
+    assert inline.advance_steps(client.runtime, run.id) == 4
+    assert broker.sent == []
