@@ -147,9 +147,15 @@ class _Queued:
             self._answers[id(rt)] = (now, answer, seen)
         waiting = rt.dispatcher.waiting(rt.registry.queues(rt.settings.queue))
         queued = waiting is None or waiting > 0
+        answer = queued and seen and now - when <= _IN_A_ROW
         with self._lock:
-            self._answers[id(rt)] = (time.monotonic(), queued and seen, queued)
-        return queued and seen
+            self._answers[id(rt)] = (time.monotonic(), answer, queued)
+        return answer
+
+
+# Two looks further apart than this (seconds) are not in a row: what the older one saw
+# is long gone.
+_IN_A_ROW = 5.0
 
 
 _QUEUED = _Queued()

@@ -144,3 +144,16 @@ def test_a_message_seen_once_is_not_a_reason_to_hand_back(
     monkeypatch.setattr(broker, "waiting", lambda queues: next(looks))
     assert inline.advance_steps(client.runtime, run.id) == 4
     assert broker.sent == []
+
+
+def test_two_looks_far_apart_are_not_in_a_row(
+    client: Fleet, past_the_deadline: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a look saw long ago says nothing of now: messages seen then and now may be
+    different ones, each passing through."""
+    monkeypatch.setattr(inline, "_IN_A_ROW", -1.0)  # every earlier look is too old
+    broker = InlineBroker(client)
+    run = client.enqueue("chain", 3)
+    broker.sent.clear()
+    monkeypatch.setattr(broker, "waiting", lambda queues: 1)
+    assert inline.advance_steps(client.runtime, run.id) == 3
