@@ -251,28 +251,28 @@ def test_metrics_carry_no_series_per_run_or_step_id(stack: Stack) -> None:
     client = flows.fleet.with_settings(Settings.from_env(stack.env))
     try:
         marker = uuid.uuid4().hex[:10]
-        runs = [client.enqueue("chain", 3, run_id=f"metrics-{marker}-{i}") for i in range(4)]
+        runs = [client.enqueue("fan", 3, run_id=f"metrics-{marker}-{i}") for i in range(4)]
         for run in runs:
-            assert run.wait(timeout=60) == 0 + 1 + 4
+            assert run.wait(timeout=60)["total"] == 0 + 1 + 4
     finally:
         client.runtime.db.dispose()
 
     def settled() -> str | None:
         body = get(stack.flower.url + "/metrics").body
-        # Each run's first step came as a message (the next ones ran inline, in the
-        # same task): four step tasks reached Flower.
+        # Each run's advance ran its first item itself and sent the other two as
+        # messages (the step after them ran inline): eight step tasks reached Flower.
         runtime = re.search(
-            r'flower_task_runtime_seconds_count\{task="chain\.work",[^}]*\} (\d+)', body
+            r'flower_task_runtime_seconds_count\{task="fan\.square",[^}]*\} (\d+)', body
         )
-        return body if runtime and float(runtime.group(1)) >= len(runs) else None
+        return body if runtime and float(runtime.group(1)) >= 2 * len(runs) else None
 
     body = poll(settled, 30, "Flower's /metrics to count the runs' step tasks", 0.5)
     assert marker not in body, [line for line in body.splitlines() if marker in line][:5]
     tasks = set(TASK_LABEL.findall(body))
-    assert "chain.work" in tasks, tasks
+    assert "fan.square" in tasks, tasks
     assert not [t for t in tasks if "#" in t], f"a step id in a task label: {tasks}"
     advances = {t for t in tasks if t.startswith("advance:")}
-    assert advances == {"advance:fleet.chain.v1"}, advances
+    assert advances == {"advance:fleet.fan.v1"}, advances
 
 
 @pytest.mark.parametrize(

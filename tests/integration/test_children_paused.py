@@ -47,9 +47,10 @@ from tests.harness import (
 N = 3
 EXPECTED = {"children": [0, 1, 4], "after": -5}
 # Where a replay of held_brood is held, and the task that replay runs in, by the name
-# Celery logs it under (its shadow): an advance, or, once ``other`` is done, the execute
-# of ``other`` (a step's commit replays its run).
-HOLDS = {"start": "advance", "first": "advance", "children": "advance", "end": "execute"}
+# Celery logs it under (its shadow): an advance, also at "end", in the commit of
+# ``other``, which the advance that resumed the run after its children runs itself (a
+# step's commit replays its run).
+HOLDS = {"start": "advance", "first": "advance", "children": "advance", "end": "advance"}
 # Held before the children waiting for "go" are sent it: they finish while it is frozen.
 EARLY = ("start", "first")
 _TASK = re.compile(r"Task (\S+)\[([\w-]+)\] (received|succeeded|raised|failed|retry)")
