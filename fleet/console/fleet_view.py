@@ -4,11 +4,9 @@ and incidents over the last hour by 5 minutes.
 
 The queues are the ones this app's workers consume: the default queue and one per
 registered workflow version (``Registry.queues``; the runs are not scanned for them,
-so a queue only another app's workflows use is not listed). Depth is the broker's:
-kombu's virtual channel sizes a queue for both of fleet's transports, ``LLEN`` over
-its priority lists on Redis, the files named for it in the filesystem transport's
-folder. A broker that cannot be reached shows "unavailable"
-instead of a number; the page still shows everything the store knows.
+so a queue only another app's workflows use is not listed). Depth is the broker's
+(``fleet.worker.dispatch.queue_depths``). A broker that cannot be reached shows
+"unavailable" instead of a number; the page still shows everything the store knows.
 """
 
 from __future__ import annotations
@@ -16,13 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from fleet.app import Fleet
 from fleet.console.render import Console, page
+from fleet.worker import dispatch
 from fleet.worker.gate import uses
 
 log = logging.getLogger("fleet.console")
@@ -33,17 +31,11 @@ BUCKET = 300.0
 
 def queue_depths(fleet: Fleet, queues: Sequence[str]) -> dict[str, int | None]:
     """Messages waiting on each queue; None for each when the broker is unreachable."""
-    depths: dict[str, int | None] = {}
     try:
-        with fleet.celery.connection_for_read() as conn:
-            conn.ensure_connection(max_retries=1, timeout=1)
-            channel: Any = conn.default_channel
-            for queue in queues:
-                depths[queue] = int(channel._size(queue))
+        return dict(dispatch.queue_depths(fleet.celery, queues))
     except Exception as exc:  # the page shows what the store knows without it
         log.warning("console: the broker's queue depths are unavailable: %s", exc)
         return {queue: None for queue in queues}
-    return depths
 
 
 def incident_table(

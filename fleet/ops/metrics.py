@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from fleet.app import Fleet
 from fleet.states import Incident, RunStatus
+from fleet.worker import dispatch
 from fleet.worker.gate import uses
 
 log = logging.getLogger("fleet.metrics")
@@ -130,17 +131,8 @@ class FleetCollector(Collector):
     def _queue_depths(self, live: list[str]) -> dict[str, int]:
         base = self.fleet.settings.queue
         names = {base, *live, *(wf.queue(base) for wf in self.fleet.registry.workflows.values())}
-        sizes: dict[str, int] = {}
         try:
-            with self.fleet.celery.connection_for_read() as conn:
-                channel = conn.default_channel
-                for name in sorted(names):
-                    try:
-                        sizes[name] = int(
-                            channel.queue_declare(queue=name, passive=True).message_count
-                        )
-                    except Exception:  # a queue nobody declared yet: nothing waits in it
-                        sizes[name] = 0
+            return dispatch.queue_depths(self.fleet.celery, sorted(names))
         except Exception as exc:  # broker down: the store's figures still count
             log.warning("queue depth unavailable: %s", exc)
-        return sizes
+            return {}

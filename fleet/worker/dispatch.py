@@ -75,11 +75,20 @@ class CelerySender:
         )
 
     def waiting(self, queues: Sequence[str]) -> int:
-        # A connection of the app's producer pool, not a new one: a busy worker asks
-        # this for its runs many times a second.
-        with self.celery.pool.acquire(block=True, timeout=1.0) as conn:
-            channel: Any = conn.default_channel
-            return sum(int(channel._size(queue)) for queue in queues)
+        return sum(queue_depths(self.celery, queues).values())
+
+
+def queue_depths(celery: Celery, queues: Sequence[str]) -> dict[str, int]:
+    """Messages waiting on each of ``queues`` for a worker to take them (0 for a queue
+    nobody has declared yet); raises, within about a second, if the broker does not
+    answer. kombu's virtual channel sizes a queue for both of fleet's transports:
+    ``LLEN`` over its priority lists on Redis, the files named for it in the filesystem
+    transport's folder. On a connection of the app's producer pool, not a new one: a
+    busy worker asks this for its runs twice a second."""
+    with celery.pool.acquire(block=True, timeout=1.0) as conn:
+        conn.ensure_connection(max_retries=1, timeout=1)
+        channel: Any = conn.default_channel
+        return {queue: int(channel._size(queue)) for queue in queues}
 
 
 class Dispatcher:
