@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from fleet import Fleet
+from fleet import Fleet, RunHandle
 from fleet.worker import inline
 from fleet.worker.dispatch import ADVANCE, EXECUTE
 from tests.harness import Backend, Cluster, InlineBroker, executions, poll
@@ -87,14 +87,22 @@ def past_the_deadline(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> None
     monkeypatch.setattr(inline, "_QUEUED", inline._Queued())
 
 
+def _delivered_here(client: Fleet, steps: int) -> tuple[InlineBroker, RunHandle]:
+    """A chain of ``steps`` enqueued, its advance message taken off the broker: the test
+    delivers it by calling ``advance_steps`` as the worker's task would."""
+    broker = InlineBroker(client)
+    run = client.enqueue("chain", steps)
+    assert broker.sent == [(ADVANCE, [run.id])]
+    broker.sent.clear()
+    return broker, run
+
+
 def test_past_its_time_a_run_keeps_its_slot_while_nothing_waits_for_one(
     client: Fleet, past_the_deadline: None
 ) -> None:
     """A hand-back costs a message through the worker's consumer; with nobody waiting it
     would buy nothing, so the run goes on in its task (up to FLEET_INLINE_STEPS)."""
-    broker = InlineBroker(client)
-    run = client.enqueue("chain", 4)
-    broker.sent.clear()  # taken: this is its delivery
+    broker, run = _delivered_here(client, 4)
     assert inline.advance_steps(client.runtime, run.id) == 4, "all four in the one task"
     assert broker.sent == []
     assert run.wait(timeout=0) == sum(i * i for i in range(4))
@@ -103,9 +111,7 @@ def test_past_its_time_a_run_keeps_its_slot_while_nothing_waits_for_one(
 def test_past_its_time_a_run_hands_its_slot_back_when_a_message_waits(
     client: Fleet, past_the_deadline: None
 ) -> None:
-    broker = InlineBroker(client)
-    run = client.enqueue("chain", 4)
-    broker.sent.clear()
+    broker, run = _delivered_here(client, 4)
     other = client.enqueue("chain", 1)  # its advance waits on the queue
     # Seen after work#1, and still after work#2 (seen once, it may be passing through).
     assert inline.advance_steps(client.runtime, run.id) == 2, "handed back after work#2"
@@ -118,9 +124,7 @@ def test_past_its_time_a_run_hands_its_slot_back_when_a_message_waits(
 def test_past_its_time_a_run_hands_its_slot_back_when_the_broker_cannot_say(
     client: Fleet, past_the_deadline: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    broker = InlineBroker(client)
-    run = client.enqueue("chain", 4)
-    broker.sent.clear()
+    broker, run = _delivered_here(client, 4)
 
     def unreachable(queues: Any) -> int:
         raise ConnectionError("broker down")
@@ -137,9 +141,7 @@ def test_a_message_seen_once_is_not_a_reason_to_hand_back(
     run just handed back, taken at once): no slot was wanted. Answering yes to it made
     a worker's 500 runs hand back one after another, each one's message the next one's
     reason (bench.async_steps, c=500)."""
-    broker = InlineBroker(client)
-    run = client.enqueue("chain", 4)
-    broker.sent.clear()
+    broker, run = _delivered_here(client, 4)
     looks = iter([1, 0, 1, 0, 1])
     monkeypatch.setattr(broker, "waiting", lambda queues: next(looks))
     assert inline.advance_steps(client.runtime, run.id) == 4
@@ -152,8 +154,6 @@ def test_two_looks_far_apart_are_not_in_a_row(
     """What a look saw long ago says nothing of now: messages seen then and now may be
     different ones, each passing through."""
     monkeypatch.setattr(inline, "_IN_A_ROW", -1.0)  # every earlier look is too old
-    broker = InlineBroker(client)
-    run = client.enqueue("chain", 3)
-    broker.sent.clear()
+    broker, run = _delivered_here(client, 3)
     monkeypatch.setattr(broker, "waiting", lambda queues: 1)
     assert inline.advance_steps(client.runtime, run.id) == 3
