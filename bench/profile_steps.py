@@ -111,12 +111,21 @@ class Meter:
         event.listen(Pool, "checkout", checkout)
 
 
-def _fused_writes(conn: Any) -> set[str]:
-    """The SQL of the fused statements (all of which write) as the driver sends it."""
-    if conn.dialect.name != fused.DIALECT:
-        return set()
-    made = (driver.compiled(stmt, conn) for stmt in fused.WRITES)
-    return {m.sql for m in made if m is not None}
+_FUSED_SQL: dict[tuple[str, str], frozenset[str]] = {}
+
+
+def _fused_writes(conn: Any) -> frozenset[str]:
+    """The SQL of the fused statements (all of which write) as the driver sends it,
+    worked out once per dialect and driver (this runs at every statement metered)."""
+    key = (conn.dialect.name, conn.dialect.driver)
+    if key not in _FUSED_SQL:
+        made = (
+            (driver.compiled(stmt, conn) for stmt in fused.WRITES)
+            if conn.dialect.name == fused.DIALECT
+            else ()
+        )
+        _FUSED_SQL[key] = frozenset(m.sql for m in made if m is not None)
+    return _FUSED_SQL[key]
 
 
 def _client(database_url: str) -> tuple[Fleet, list[tuple[str, list[str]]]]:
