@@ -7,7 +7,9 @@ statements, pool checkouts (each pings the server, a transaction as Postgres cou
 it, only if its connection sat idle for a second or more) and wall time, per step; it
 checks the transaction total against the database's own ``pg_stat_database``
 counters; and it prints the cProfile functions that cost the most, by own time and
-by cumulative time.
+by cumulative time. Round trips to the server are counted from libpq's trace of the
+protocol on each connection (``Wire``): one is the client's messages and the server's
+answer to them.
 
     .venv/bin/python -m bench.profile_steps [--steps 500] [--messages] [--cprofile [--top 25]]
 
@@ -38,6 +40,7 @@ from fleet import Fleet, Settings
 from fleet.store import driver, fused
 from fleet.worker.inline import run_steps
 from fleet.worker.replay import advance
+from tests.harness import Wire
 
 
 @dataclass
@@ -235,6 +238,7 @@ def main() -> None:
         meter.wrap(type(client.runtime.queries), "Queries")
         meter.listen()
         _meter_heartbeat(meter)
+        wire = Wire()
         run = client.enqueue("seq", args.steps)
         inline = not args.messages
         _deliver(client, sent, meter, executes=args.steps // 2, inline=inline)  # warm-up
@@ -242,6 +246,7 @@ def main() -> None:
         db = database_name(svc)
         pg_before = settled_pg_counters(db)
         meter.reset()
+        wire.start()
         prof = cProfile.Profile()
         t0, cpu0 = time.perf_counter(), time.process_time()
         if args.cprofile:
@@ -249,6 +254,7 @@ def main() -> None:
         tasks = _deliver(client, sent, meter, inline=inline)
         prof.disable()
         total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        trips = wire.stop()
         assert run.status() == "succeeded", run.status()
         client.runtime.db.dispose()
         pg_used = delta(settled_pg_counters(db), pg_before)
@@ -268,6 +274,7 @@ def main() -> None:
         f"the final status read adds one); cluster-wide write xacts/step "
         f"{pg_used.get('xid', 0) / measured:.2f} (others' writes count too)"
     )
+    print(f"  round trips to Postgres per step: {trips / measured:.2f} (libpq's protocol trace)")
     _table(meter, measured, total)
     if args.cprofile:
         _profile(prof, args.top)

@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import socket
+import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -278,3 +280,63 @@ def same(a: Any, b: Any) -> bool:
             return False
         return all(same(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
+
+
+class Wire:
+    """Round trips to Postgres made by the thread that started it, read from libpq's
+    protocol trace (``PQtrace``) of each connection it checks out of any pool, from
+    checkout to checkin: one round trip is a run of messages the client sends (``F``
+    lines) followed by the server's answer (``B`` lines). BEGIN and COMMIT count as the
+    statements do; other threads' connections (a heartbeat's) are not traced."""
+
+    def __init__(self) -> None:
+        self.trips = 0
+        self.per_checkout: list[int] = []  # each checkout's round trips, in order
+        self._thread = 0
+        self._traced: dict[int, Any] = {}  # id(pgconn) -> the file its trace goes to
+
+    def _checkout(self, dbapi_conn: Any, *_: Any) -> None:
+        from psycopg import pq
+
+        pgconn = getattr(dbapi_conn, "pgconn", None)
+        if pgconn is None or threading.get_ident() != self._thread:
+            return
+        out = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed at checkin
+        pgconn.trace(os.dup(out.fileno()))
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        self._traced[id(pgconn)] = out
+
+    def _checkin(self, dbapi_conn: Any, *_: Any) -> None:
+        pgconn = getattr(dbapi_conn, "pgconn", None)
+        out = self._traced.pop(id(pgconn), None)
+        if out is None:
+            return
+        pgconn.untrace()  # flushes the trace
+        out.seek(0)
+        side, trips = "B", 0
+        for line in out:
+            if line[:1] == "B" and side == "F":
+                trips += 1
+            if line[:1] in ("F", "B"):
+                side = line[:1]
+        out.close()
+        self.trips += trips
+        self.per_checkout.append(trips)
+
+    def start(self) -> None:
+        from sqlalchemy import event
+        from sqlalchemy.pool import Pool
+
+        self._thread = threading.get_ident()
+        event.listen(Pool, "checkout", self._checkout)
+        event.listen(Pool, "checkin", self._checkin)
+
+    def stop(self) -> int:
+        """Stop tracing; the round trips counted since ``start`` (on connections
+        checked in since)."""
+        from sqlalchemy import event
+        from sqlalchemy.pool import Pool
+
+        event.remove(Pool, "checkout", self._checkout)
+        event.remove(Pool, "checkin", self._checkin)
+        return self.trips

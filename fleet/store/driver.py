@@ -139,6 +139,66 @@ def _row_type(columns: tuple[str, ...]) -> Any:
     return made
 
 
+def pipelined(conn: Connection, calls: Sequence[tuple[Any, Params]]) -> list[Rows]:
+    """Execute each ``(stmt, params)`` in order, in ``conn``'s transaction, in one round
+    trip to the server where the driver can (psycopg's pipeline mode: the statements,
+    and the transaction's BEGIN if it has not begun, go out together and come back at
+    one sync); elsewhere one ``run`` after another. Each statement sees the writes of
+    those before it, as when they run one by one. Only statements ``run`` executes on
+    the driver's cursor (``compiled``) may be given; an error is raised at the sync,
+    wrapped as ``run`` wraps it, and leaves the transaction failed."""
+    hows = [compiled(stmt, conn) for stmt, _ in calls]
+    dbapi: Any = conn.connection.dbapi_connection
+    pipeline = getattr(dbapi, "pipeline", None)
+    if pipeline is None or any(how is None for how in hows):
+        return [_as_rows(run(conn, stmt, params)) for stmt, params in calls]
+    listening = conn._has_events or conn.engine._has_events
+    cursors: list[Any] = []
+    sent: tuple[str, Any] = ("", None)
+    try:
+        try:
+            with pipeline():
+                for (_, params), how in zip(calls, hows, strict=True):
+                    assert how is not None
+                    bound = how.bind(params)
+                    cursor = dbapi.cursor()
+                    cursors.append(cursor)
+                    sent = (how.sql, bound)
+                    if listening:
+                        for fn in conn.dispatch.before_cursor_execute:
+                            fn(conn, cursor, how.sql, bound, None, False)
+                    cursor.execute(how.sql, bound)
+            # The pipeline's exit synced: every result is in.
+            out = []
+            for cursor, how in zip(cursors, hows, strict=True):
+                assert how is not None
+                if listening:
+                    for fn in conn.dispatch.after_cursor_execute:
+                        fn(conn, cursor, how.sql, None, None, False)
+                rows = list(cursor.fetchall()) if how.columns else []
+                if rows:
+                    make = _row_type(how.columns)
+                    rows = [make(*row) for row in rows]
+                out.append(Rows(rows, cursor.rowcount))
+            return out
+        except Exception as exc:
+            if not isinstance(exc, conn.dialect.loaded_dbapi.Error):
+                raise
+            last = cursors[-1] if cursors else None
+            conn._handle_dbapi_exception(exc, sent[0], sent[1], last, None)
+            raise  # unreachable: the handler raises
+    finally:
+        for cursor in cursors:
+            cursor.close()
+
+
+def _as_rows(result: Any) -> Rows:
+    if isinstance(result, Rows):
+        return result
+    rows = list(result) if result.returns_rows else []
+    return Rows(rows, result.rowcount)
+
+
 def run(conn: Connection, stmt: Any, params: Params | Sequence[Params]) -> Any:
     """Execute ``stmt`` with ``params`` (one set, or a list for executemany) in
     ``conn``'s transaction; returns ``Rows`` (or SQLAlchemy's result, for a statement

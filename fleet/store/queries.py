@@ -71,22 +71,40 @@ def read_snapshot(
         run = driver.run(conn, RUN_ROW, {"b_run": run_id}).first()
     if run is None:
         return None
-    return _snapshot(conn, RunRow.from_row(run), cache)
+    row = RunRow.from_row(run)
+    read = HistoryRead.of(run_id, row.created_at, cache)
+    return read.snapshot(conn, row, driver.run(conn, read.stmt, read.params))
 
 
-def _snapshot(conn: Connection, run: RunRow, cache: HistoryCache) -> Snapshot:
-    run_id = run.id
-    # Keyed by the run's id and creation time: retention may delete a finished run and
-    # the same id be enqueued again, and the new run must never see the old one's steps.
-    key = f"{run_id}\x00{run.created_at!r}"
-    prefix = cache.prefix(key)
-    if prefix:
-        rows = driver.run(conn, HISTORY_AFTER, {"b_run": run_id, "b_seq": prefix[-1].seq})
-    else:
-        rows = driver.run(conn, HISTORY, {"b_run": run_id})
-    tail = [StepRow.from_row(row) for row in rows]
-    after_commit(conn, lambda: cache.extend(key, prefix, tail))
-    return Snapshot(run, [*prefix, *tail])
+class HistoryRead(NamedTuple):
+    """The read of a run's history after the rows this process has cached of it (none
+    cached: all of it), which a caller may send before it has the run's row."""
+
+    cache: HistoryCache
+    key: str
+    prefix: tuple[StepRow, ...]
+    stmt: Any
+    params: dict[str, Any]
+
+    @classmethod
+    def of(cls, run_id: str, created_at: float, cache: HistoryCache) -> HistoryRead:
+        # Keyed by the run's id and creation time: retention may delete a finished run
+        # and the same id be enqueued again, and the new run must never see the old
+        # one's steps.
+        key = f"{run_id}\x00{created_at!r}"
+        prefix = cache.prefix(key)
+        if prefix:
+            after = {"b_run": run_id, "b_seq": prefix[-1].seq}
+            return cls(cache, key, prefix, HISTORY_AFTER, after)
+        return cls(cache, key, prefix, HISTORY, {"b_run": run_id})
+
+    def snapshot(self, conn: Connection, run: RunRow, rows: Any) -> Snapshot:
+        """The snapshot of ``run`` (the run this read was made for) from the rows the
+        read returned; the cache learns them once the transaction commits."""
+        tail = [StepRow.from_row(row) for row in rows]
+        cache, key, prefix = self.cache, self.key, self.prefix
+        after_commit(conn, lambda: cache.extend(key, prefix, tail))
+        return Snapshot(run, [*prefix, *tail])
 
 
 class _FromRow(Protocol[T]):

@@ -21,7 +21,8 @@ from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, Ste
 from fleet.store import audit, derived, driver, fused
 from fleet.store import transitions as sql
 from fleet.store.predicates import run_is, step_is, takeable, within_budget
-from fleet.store.queries import Snapshot, read_snapshot
+from fleet.store.queries import HistoryRead, Snapshot, read_snapshot
+from fleet.store.rows import RunRow
 from fleet.store.schema import dead_letters, steps
 from fleet.store.upkeep import Upkeep
 
@@ -188,6 +189,7 @@ class StepLedger(Upkeep):
         earlier_intents: IntentOutcome | None = None,
         effect: bool = True,
         snapshot: bool = False,
+        created_at: float | None = None,
     ) -> Committed:
         """commit_output: running → done, only under the epoch held. Zero rows is a
         fenced write: the lease was taken over (or revoked) since this attempt took it;
@@ -195,15 +197,27 @@ class StepLedger(Upkeep):
         with the commit (no other step writes intents). With ``snapshot``, an applied
         commit also reads the run and its history for the replay that follows (one
         transaction instead of two). A branch of a fan-out wakes the run only if it is
-        the last to settle (``Committed.replay``)."""
+        the last to settle (``Committed.replay``). ``created_at``: the run's creation
+        time as the caller read it; on Postgres the history is then read in the same
+        round trip as the commit (and read again, after it, if the run turns out to be
+        another one of that id, or the step a branch)."""
         with self.db.begin(self.tx) as conn:
             key = _key(run_id, step_id, epoch)
             woken = None
+            history: tuple[HistoryRead, Any] | None = None
             if snapshot and conn.dialect.name == fused.DIALECT:
                 # One statement: the commit, its attempt closed, the run woken and read
                 # (unless the step is a branch: its fan-out's count decides, below).
                 params = {**key, "b_output": output, "b_grace": self.grace}
-                row = driver.run(conn, fused.COMMIT_AND_WAKE, params).first()
+                if created_at is None:
+                    row = driver.run(conn, fused.COMMIT_AND_WAKE, params).first()
+                else:
+                    # The history after the commit, in one round trip with it (and
+                    # with the transaction's BEGIN).
+                    read = HistoryRead.of(run_id, created_at, self.db.history)
+                    calls = [(fused.COMMIT_AND_WAKE, params), (read.stmt, read.params)]
+                    committed, rows = driver.pipelined(conn, calls)
+                    row, history = committed.first(), (read, rows)
                 if row is not None and row.fanout is None:
                     woken = row[1:]
             else:
@@ -230,6 +244,11 @@ class StepLedger(Upkeep):
                 # The wake-up returns the run row the replay needs: one read fewer.
                 wake = {"b_run": run_id, "b_grace": self.grace}
                 woken = driver.run(conn, derived.WAKE_RETURNING, wake).first()
+            elif history is not None:
+                run = RunRow.from_row(woken)
+                if run.created_at == created_at:
+                    read, rows = history
+                    return Committed(True, read.snapshot(conn, run, rows))
             return Committed(True, read_snapshot(conn, run_id, self.db.history, run=woken))
 
     def schedule_retry(

@@ -234,6 +234,7 @@ def _commit_output(rt: Runtime, att: Attempt, out: Output) -> Committed:
         earlier_intents=out.settles,
         effect=att.sd.effect,
         snapshot=True,
+        created_at=att.run.created_at,
     )
 
 

@@ -7,6 +7,7 @@ statement run on the driver's cursor fails as one run through SQLAlchemy does.""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,13 +18,16 @@ from sqlalchemy import event, text
 from fleet import Fleet
 from fleet.errors import StoreUnavailable
 from fleet.store import driver
-from fleet.store.queries import RUN_ROW
+from fleet.store.queries import RUN_ROW, HistoryRead, read_snapshot
 from fleet.testing import InlineBroker
 from fleet.worker.inline import run_steps
-from tests.harness import Backend
+from tests.harness import Backend, Wire
 
 # Per step of a sequential run, once the task is under way (steps 2..n of one task).
 STATEMENTS = {"postgres": 4, "sqlite": 9}
+# Postgres: BEGIN (psycopg waits for it, pipeline or not), the commit with the history
+# after it (one pipeline), the next step recorded, its lease taken, COMMIT.
+ROUND_TRIPS = 5
 
 
 @contextmanager
@@ -78,6 +82,61 @@ def test_a_sequential_step_is_one_transaction_of_few_statements(
     assert statements == STATEMENTS[backend.kind], statements
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_sequential_step_costs_five_round_trips(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """Each step of a task's sequential run is one transaction on one checkout, and
+    most cost ``ROUND_TRIPS``: the commit and the history read after it go to the
+    server together (``driver.pipelined``). A few cost more: psycopg prepares a
+    statement on a connection at its fifth execution there."""
+    client.enqueue("nops", 42)
+    inline.step()  # the advance: records step 1 and sends it
+    (_, (run_id, step_id)) = inline.sent.pop(0)
+    wire = Wire()
+    wire.start()
+    try:
+        ran = run_steps(client.runtime, run_id, step_id, more=lambda _ran: True)
+    finally:
+        wire.stop()
+    assert ran == 42
+    steps = wire.per_checkout[2:-1]  # the first two take their lease first; the last ends
+    assert statistics.mode(steps) == ROUND_TRIPS, wire.per_checkout
+    assert sum(1 for t in steps if t == ROUND_TRIPS) >= 0.8 * len(steps), wire.per_checkout
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+@pytest.mark.parametrize("told", ["right", "wrong", "none"])
+def test_a_commit_reads_the_same_history_whatever_creation_time_it_is_told(
+    backend: Backend, client: Fleet, inline: InlineBroker, told: str
+) -> None:
+    """The history read with the commit is the one read after it; told the wrong
+    creation time (another run of that id), the commit reads it again, and a cache
+    entry is never filed under a creation time that is not the run's."""
+    run = client.enqueue("chain", 3)
+    inline.step()
+    inline.step()  # step 1 runs; step 2 is recorded and sent
+    (_, (run_id, step_id)) = inline.sent.pop(0)
+    rt = client.runtime
+    lease = rt.ledger.take_lease(run_id, step_id, "w1", 30.0)
+    assert not isinstance(lease, str)
+    created = rt.queries.run(run_id).created_at
+    hint = {"right": created, "wrong": created - 1.0, "none": None}[told]
+    done = rt.ledger.commit_output(
+        run_id, step_id, lease.epoch, '"out"', effect=False, snapshot=True, created_at=hint
+    )
+    assert done.applied and done.snapshot is not None
+    with rt.db.begin() as conn:
+        fresh = read_snapshot(conn, run_id, type(rt.db.history)())
+    assert fresh is not None
+    assert done.snapshot.run == fresh.run
+    assert done.snapshot.history == fresh.history
+    assert done.snapshot.history[-1].step_id == step_id
+    wrong = HistoryRead.of(run_id, created - 1.0, rt.db.history)
+    assert wrong.prefix == ()  # nothing was kept under the wrong creation time
+    assert run.status() == "running"
+
+
 def test_the_fused_path_agrees_with_the_plain_one_on_a_fan_out_and_a_takeover(
     backend: Backend, client: Fleet, inline: InlineBroker
 ) -> None:
@@ -115,3 +174,21 @@ def test_a_dropped_connection_is_store_unavailable_and_the_next_transaction_work
     with db.begin() as conn:  # the pool let the dead connection go
         row = driver.run(conn, RUN_ROW, {"b_run": run.id}).first()
     assert row is not None and row.id == run.id
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_pipeline_on_a_dropped_connection_is_store_unavailable(
+    backend: Backend, client: Fleet
+) -> None:
+    db = client.runtime.db
+    run = client.enqueue("chain", 1)
+    params = {"b_run": run.id}
+    with db.engine.connect() as killer:
+        killer.execution_options(isolation_level="AUTOCOMMIT")
+        with pytest.raises(StoreUnavailable), db.begin() as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            driver.pipelined(conn, [(RUN_ROW, params), (RUN_ROW, params)])
+    with db.begin() as conn:
+        rows = driver.pipelined(conn, [(RUN_ROW, params), (RUN_ROW, params)])
+    assert [r.first().id for r in rows] == [run.id, run.id]
