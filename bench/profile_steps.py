@@ -7,11 +7,12 @@ statements, pool checkouts (each pings the server, a transaction as Postgres cou
 it, only if its connection sat idle for a second or more) and wall time, per step; it
 checks the transaction total against the database's own ``pg_stat_database``
 counters; and it prints the cProfile functions that cost the most, by own time and
-by cumulative time. Round trips to the server are counted from libpq's trace of the
-protocol on each connection (``Wire``): one is the client's messages and the server's
-answer to them.
+by cumulative time. With ``--trips``, round trips to the server are counted from libpq's
+trace of the protocol (``tests.harness.Wire``; the trace slows every statement, so the
+times are then not comparable).
 
-    .venv/bin/python -m bench.profile_steps [--steps 500] [--messages] [--cprofile [--top 25]]
+    .venv/bin/python -m bench.profile_steps [--steps 500] [--messages] [--trips]
+        [--cprofile [--top 25]]
 
 Steps 1–N/2 are a warm-up; the counts are taken over the second half, where the
 replay is longer (a step's cost grows with the run's length: see bench/long_runs.py).
@@ -228,6 +229,11 @@ def main() -> None:
         action="store_true",
         help="one step per delivered message (a worker with FLEET_INLINE_STEPS=1)",
     )
+    parser.add_argument(
+        "--trips",
+        action="store_true",
+        help="count round trips to Postgres (libpq's trace: slows every statement)",
+    )
     args = parser.parse_args()
     meter = Meter()
     with services("prof") as svc:
@@ -246,7 +252,8 @@ def main() -> None:
         db = database_name(svc)
         pg_before = settled_pg_counters(db)
         meter.reset()
-        wire.start()
+        if args.trips:
+            wire.start()
         prof = cProfile.Profile()
         t0, cpu0 = time.perf_counter(), time.process_time()
         if args.cprofile:
@@ -254,7 +261,7 @@ def main() -> None:
         tasks = _deliver(client, sent, meter, inline=inline)
         prof.disable()
         total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        trips = wire.stop()
+        trips = wire.stop() if args.trips else None
         assert run.status() == "succeeded", run.status()
         client.runtime.db.dispose()
         pg_used = delta(settled_pg_counters(db), pg_before)
@@ -274,7 +281,8 @@ def main() -> None:
         f"the final status read adds one); cluster-wide write xacts/step "
         f"{pg_used.get('xid', 0) / measured:.2f} (others' writes count too)"
     )
-    print(f"  round trips to Postgres per step: {trips / measured:.2f} (libpq's protocol trace)")
+    if trips is not None:
+        print(f"  round trips to Postgres per step: {trips / measured:.2f} (libpq's trace)")
     _table(meter, measured, total)
     if args.cprofile:
         _profile(prof, args.top)
