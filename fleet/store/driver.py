@@ -18,13 +18,15 @@ processor, and whose result columns need none, are run so; ``run`` falls back to
 from __future__ import annotations
 
 import enum
-from collections import namedtuple
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Float
 from sqlalchemy.engine import Connection
+
+from fleet.store import wire
+from fleet.store.wire import Rows, row_type
 
 # (id of the statement, dialect, driver) → how to run it. Only module constants built
 # at import are run here, so their ids are stable for the process's life and this
@@ -103,93 +105,36 @@ def _as_given(type_: Any, dialect: Any) -> bool:
     return type_._cached_result_processor(dialect, None) is None
 
 
-class Rows:
-    """What ``run`` returns: the rows (named tuples: by position or by column name) and
-    the count of rows a write touched."""
-
-    __slots__ = ("rowcount", "_rows")
-
-    def __init__(self, rows: list[Any], rowcount: int) -> None:
-        self._rows = rows
-        self.rowcount = rowcount
-
-    def first(self) -> Any:
-        return self._rows[0] if self._rows else None
-
-    def all(self) -> list[Any]:
-        return self._rows
-
-    def scalar_one(self) -> Any:
-        if len(self._rows) != 1:
-            raise LookupError(f"expected one row, got {len(self._rows)}")
-        return self._rows[0][0]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._rows)
-
-
-_ROW_TYPES: dict[tuple[str, ...], Any] = {}
-
-
-def _row_type(columns: tuple[str, ...]) -> Any:
-    made = _ROW_TYPES.get(columns)
-    if made is None:
-        made = namedtuple("Row", columns, rename=True)  # type: ignore[misc,no-redef]
-        _ROW_TYPES[columns] = made
-    return made
-
-
 def pipelined(conn: Connection, calls: Sequence[tuple[Any, Params]]) -> list[Rows]:
     """Execute each ``(stmt, params)`` in order, in ``conn``'s transaction, in one round
-    trip to the server where the driver can (psycopg's pipeline mode: the statements,
-    and the transaction's BEGIN if it has not begun, go out together and come back at
-    one sync); elsewhere one ``run`` after another. Each statement sees the writes of
-    those before it, as when they run one by one. Only statements ``run`` executes on
-    the driver's cursor (``compiled``) may be given; an error is raised at the sync,
-    wrapped as ``run`` wraps it, and leaves the transaction failed."""
+    trip where the driver can (psycopg's pipeline mode: the statements go out together,
+    with the transaction's BEGIN if fleet began it, and come back at one sync);
+    elsewhere one ``run`` after another. Each statement sees the writes of those before
+    it, as when they run one by one. An error is raised at the sync, wrapped as ``run``
+    wraps it, and leaves the transaction failed."""
     hows = [compiled(stmt, conn) for stmt, _ in calls]
     dbapi: Any = conn.connection.dbapi_connection
-    pipeline = getattr(dbapi, "pipeline", None)
-    if pipeline is None or any(how is None for how in hows):
+    if not hasattr(dbapi, "pipeline") or any(how is None for how in hows):
         return [_as_rows(run(conn, stmt, params)) for stmt, params in calls]
-    listening = conn._has_events or conn.engine._has_events
-    cursors: list[Any] = []
-    sent: tuple[str, Any] = ("", None)
-    try:
-        try:
-            with pipeline():
-                for (_, params), how in zip(calls, hows, strict=True):
-                    assert how is not None
-                    bound = how.bind(params)
-                    cursor = dbapi.cursor()
-                    cursors.append(cursor)
-                    sent = (how.sql, bound)
-                    if listening:
-                        for fn in conn.dispatch.before_cursor_execute:
-                            fn(conn, cursor, how.sql, bound, None, False)
-                    cursor.execute(how.sql, bound)
-            # The pipeline's exit synced: every result is in.
-            out = []
-            for cursor, how in zip(cursors, hows, strict=True):
-                assert how is not None
-                if listening:
-                    for fn in conn.dispatch.after_cursor_execute:
-                        fn(conn, cursor, how.sql, None, None, False)
-                rows = list(cursor.fetchall()) if how.columns else []
-                if rows:
-                    make = _row_type(how.columns)
-                    rows = [make(*row) for row in rows]
-                out.append(Rows(rows, cursor.rowcount))
-            return out
-        except Exception as exc:
-            if not isinstance(exc, conn.dialect.loaded_dbapi.Error):
-                raise
-            last = cursors[-1] if cursors else None
-            conn._handle_dbapi_exception(exc, sent[0], sent[1], last, None)
-            raise  # unreachable: the handler raises
-    finally:
-        for cursor in cursors:
-            cursor.close()
+    held = wire.of(conn)
+    line = held if held is not None else wire.new_wire(dbapi)
+    mine = wire.send_all(conn, line, calls, hows)
+    wire.sync(conn, line)
+    return [p.rows() for p in mine]
+
+
+def send(conn: Connection, stmt: Any, params: Params) -> wire.Pending:
+    """Execute ``stmt`` as ``run`` does, but in a transaction fleet began, leave it in
+    an open pipeline: it goes out with the next sync (the next statement read, one
+    that is not the driver's, or the COMMIT). Elsewhere it runs now."""
+    line = wire.of(conn)
+    how = compiled(stmt, conn)
+    if line is None or how is None:
+        done = wire.Pending(conn, how, None)
+        done.result = _as_rows(run(conn, stmt, params))
+        return done
+    (pending,) = wire.send_all(conn, line, [(stmt, params)], [how])
+    return pending
 
 
 def _as_rows(result: Any) -> Rows:
@@ -204,6 +149,14 @@ def run(conn: Connection, stmt: Any, params: Params | Sequence[Params]) -> Any:
     ``conn``'s transaction; returns ``Rows`` (or SQLAlchemy's result, for a statement
     it must run itself)."""
     how = compiled(stmt, conn)
+    line = wire.held(conn)
+    if line is not None:
+        if how is not None and (isinstance(params, Mapping) or len(params) == 1):
+            one = params if isinstance(params, Mapping) else params[0]
+            (pending,) = wire.send_all(conn, line, [(stmt, one)], [how])
+            wire.sync(conn, line)  # with the BEGIN, or what ``send`` left pending
+            return pending.rows()
+        wire.sync(conn, line)
     if how is None:
         return conn.execute(stmt, params)
     if isinstance(params, Mapping) or len(params) == 1:
@@ -238,6 +191,6 @@ def run(conn: Connection, stmt: Any, params: Params | Sequence[Params]) -> Any:
     finally:
         cursor.close()
     if rows:
-        make = _row_type(how.columns)
+        make = row_type(how.columns)
         rows = [make(*row) for row in rows]
     return Rows(rows, rowcount)

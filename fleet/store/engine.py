@@ -29,6 +29,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from fleet.errors import BadInput, StoreUnavailable
+from fleet.store import wire
 from fleet.store.history import HistoryCache
 from fleet.store.message_cache import MessageCache
 
@@ -136,6 +137,8 @@ def make_engine(url: str, pool_size: int | None = None) -> Engine:
     except (NoSuchModuleError, ImportError) as exc:
         raise BadInput(f"database URL {redact(url)} cannot be used: {exc}") from None
     _ping_idle_connections(engine)
+    # A statement run through SQLAlchemy first sends what the driver left pending.
+    event.listen(engine, "before_cursor_execute", wire.settle)
     return engine
 
 
@@ -328,6 +331,9 @@ class Database:
         try:
             try:
                 conn.begin()
+                # On Postgres fleet sends the BEGIN with the first statements and the
+                # COMMIT with the last ones (fleet/store/driver.py).
+                wire.own_transaction(conn)
                 _AFTER[id(conn)] = tx.committed
                 try:
                     yield tx
@@ -337,16 +343,28 @@ class Database:
                 if tx.failed is not None:
                     raise StoreUnavailable(f"a store call in the transaction failed: {tx.failed}")
             except BaseException:
+                wire.abandon(conn)
                 _quietly_rollback(conn)
                 raise
             try:
+                wire.finish(conn)
                 conn.commit()
             except OperationalError as exc:
-                raise CommitUnknown(describe_driver_error(self.url, exc)) from exc
+                if not _rolled_back(exc):
+                    raise CommitUnknown(describe_driver_error(self.url, exc)) from exc
+                wire.abandon(conn)
+                _quietly_rollback(conn)
+                raise
+            except BaseException:
+                # Refused before the COMMIT ran (a statement sent with it failed).
+                wire.abandon(conn)
+                _quietly_rollback(conn)
+                raise
             _run(tx.committed)
         except OperationalError as exc:
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
         finally:
+            wire.release(conn)
             conn.close()
 
     def has_schema(self) -> bool:
@@ -360,6 +378,15 @@ class Database:
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
+
+
+def _rolled_back(exc: OperationalError) -> bool:
+    """The server answered that it rolled the transaction back (SQLSTATE class 40: a
+    serialization failure or a deadlock, in a statement sent with the COMMIT or in
+    the COMMIT itself): known not to have committed. Any other operational error at
+    the COMMIT (the connection lost, the server shutting down) leaves it unknown."""
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith("40")
 
 
 def _quietly_rollback(conn: Connection) -> None:

@@ -381,8 +381,10 @@ class Ledger(StepLedger):
             dialect = conn.dialect.name
             alone = len(new) == 1 and new[0].child is None and not (messages or compactions)
             if dialect == fused.DIALECT and alone and advanced_seq is not None:
-                # A replay's usual end in one statement: its one next step, marked advanced.
-                driver.run(conn, fused.RECORD_AND_ADVANCE, {**rows[0], "b_advanced": advanced_seq})
+                # A replay's usual end in one statement: its one next step, marked
+                # advanced. Sent, not waited for: it goes out with the next statement
+                # or the COMMIT (fleet/store/driver.py).
+                driver.send(conn, fused.RECORD_AND_ADVANCE, {**rows[0], "b_advanced": advanced_seq})
                 return
             if messages:
                 conn.execute(

@@ -10,6 +10,7 @@ incidents, the dead letter, the wake-up.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -149,6 +150,35 @@ class StepLedger(Upkeep):
             if took_over:
                 self._incident(conn, Incident.TAKEOVER, run_id, step_id, epoch, owner)
             return Lease(run_id, step_id, epoch, attempt, name, input_, took_over)
+
+    def take_lease_at_commit(
+        self, run_id: str, step_id: str, owner: str, lease_seconds: float
+    ) -> Callable[[], Lease | TakeRefused]:
+        """``take_lease`` in the transaction this ledger is bound to, its answer given
+        by the function returned, called once that transaction has committed. On
+        Postgres the take goes out with the COMMIT, in its round trip; why a lease was
+        refused is then asked, and a takeover's incident recorded, each in a
+        transaction of its own. Unbound, or on SQLite: taken now."""
+        if self.tx is None or self.db.dialect != fused.DIALECT:
+            answer = self.take_lease(run_id, step_id, owner, lease_seconds)
+            return lambda: answer
+        key = {"b_run": run_id, "b_step": step_id}
+        with self.db.begin(self.tx) as conn:
+            params = {**key, "b_owner": owner, "b_lease": lease_seconds}
+            pending = driver.send(conn, fused.TAKE_AND_OPEN, params)
+
+        def answered() -> Lease | TakeRefused:
+            taken = pending.rows().first()
+            if taken is None:
+                with self.db.begin(read=True) as conn:
+                    return self._why_not_taken(conn, key)
+            epoch, attempt, name, input_, lost = taken
+            if lost > 0:
+                with self.db.begin() as conn:
+                    self._incident(conn, Incident.TAKEOVER, run_id, step_id, epoch, owner)
+            return Lease(run_id, step_id, epoch, attempt, name, input_, lost > 0)
+
+        return answered
 
     @staticmethod
     def _why_not_taken(conn: Connection, key: dict[str, Any]) -> TakeRefused:

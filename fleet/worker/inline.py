@@ -176,10 +176,11 @@ def _run_one(att: Attempt, keep_next: Callable[[], bool]) -> Attempt | None:
 
 @dataclass(frozen=True)
 class _Kept:
-    """The one next step the replay recorded, not sent: its lease, held or refused."""
+    """The one next step the replay recorded, not sent: its lease, held or refused
+    (known once the commit's transaction has committed)."""
 
     step_id: str
-    lease: Lease | TakeRefused
+    lease: Callable[[], Lease | TakeRefused]
 
 
 def _keep_the_one_next(
@@ -192,7 +193,8 @@ def _keep_the_one_next(
     if len(replayed.tasks) != 1:
         return replayed, None
     (task,) = replayed.tasks
-    lease = bound.ledger.take_lease(
+    # On Postgres the take goes out with the COMMIT; its answer is read after it.
+    lease = bound.ledger.take_lease_at_commit(
         att.run_id, task.step_id, bound.worker_name, bound.settings.lease_seconds
     )
     return replace(replayed, tasks=[]), _Kept(task.step_id, lease)
@@ -203,8 +205,9 @@ def _next_attempt(att: Attempt, kept: _Kept | None) -> Attempt | None:
     if kept is None:
         return None
     rt = att.rt
-    if isinstance(kept.lease, TakeRefused):
-        refused(rt, att.run, kept.step_id, kept.lease)
+    lease = kept.lease()
+    if isinstance(lease, TakeRefused):
+        refused(rt, att.run, kept.step_id, lease)
         return None
     # The replay has just called the step, so this worker has it.
-    return Attempt(rt, att.run, rt.registry.steps[kept.lease.name], kept.lease)
+    return Attempt(rt, att.run, rt.registry.steps[lease.name], lease)
