@@ -73,6 +73,8 @@ CONFIGS = (
     # The same slots in two processes (one per core), past one interpreter's GIL.
     Config("gevent x2", "gevent", 100, 200, 10, processes=2),
     Config("threads x2", "threads", 50, 100, 20, processes=2),
+    # Issue 19's second gevent figure: 400 greenlets over two processes.
+    Config("gevent 2x200", "gevent", 200, 400, 10, processes=2),
 )
 DEFAULT = ("gevent", "threads", "gevent x2", "threads x2")
 
