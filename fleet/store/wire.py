@@ -214,17 +214,14 @@ def finish(conn: Connection) -> bool:
 def send_all(
     conn: Connection, wire: _Wire, calls: Sequence[tuple[Any, Params]], hows: list[Any]
 ) -> list[Pending]:
+    """Each statement (``hows``: the driver's compiled forms of ``calls``) into the
+    wire's pipeline, opened (with the BEGIN, if it has not gone) if need be; they go
+    out at the next ``sync``."""
     dbapi = wire.dbapi
     listening = conn._has_events or conn.engine._has_events
     sql, bound = "", None
     try:
-        if wire.pipeline is None:
-            pipeline = dbapi.pipeline()
-            pipeline.__enter__()
-            wire.pipeline = pipeline
-        if wire.begin:
-            dbapi.execute(_BEGIN)
-            wire.begin = False
+        _open(wire)
         out = []
         for (_, params), how in zip(calls, hows, strict=True):
             sql, bound = how.sql, how.bind(params)
@@ -246,20 +243,24 @@ def send_all(
         raise  # unreachable
 
 
+def _open(wire: _Wire) -> None:
+    """The wire's pipeline open, the transaction's BEGIN first in it if not yet sent."""
+    if wire.pipeline is None:
+        pipeline = wire.dbapi.pipeline()
+        pipeline.__enter__()
+        wire.pipeline = pipeline
+    if wire.begin:
+        wire.dbapi.execute(_BEGIN)
+        wire.begin = False
+
+
 def sync(conn: Connection, wire: _Wire, *, commit: bool = False) -> None:
     """Send what is queued (the BEGIN first if it has not gone; a COMMIT last if
     ``commit``) and read every result."""
-    dbapi = wire.dbapi
     try:
-        if wire.pipeline is None:
-            pipeline = dbapi.pipeline()
-            pipeline.__enter__()
-            wire.pipeline = pipeline
-        if wire.begin:
-            dbapi.execute(_BEGIN)
-            wire.begin = False
+        _open(wire)
         if commit:
-            dbapi.execute(_COMMIT)
+            wire.dbapi.execute(_COMMIT)
         pipeline, wire.pipeline = wire.pipeline, None
         pipeline.__exit__(None, None, None)  # one Sync: every result comes back
     except Exception as exc:

@@ -64,36 +64,28 @@ def test_sent_writes_are_seen_by_later_statements_and_commit_together(
     assert _autocommit_of_pool(client) == [False]
 
 
+@pytest.mark.parametrize(
+    ("failing", "says", "raised_as"),
+    [
+        (_FAIL, "division by zero", Exception),
+        # An operational error the server answers with a rollback (SQLSTATE class 40)
+        # is a refusal too, not an unknown commit: the caller may commit again at once.
+        (_ROLLED_BACK, "as a deadlock would", StoreUnavailable),
+    ],
+    ids=["data-error", "serialization-failure"],
+)
 def test_a_sent_statement_that_fails_at_the_commit_leaves_nothing_applied(
-    backend: Backend, client: Fleet
+    backend: Backend, client: Fleet, failing: Any, says: str, raised_as: type[Exception]
 ) -> None:
     run_id = client.enqueue("chain", 1).id
     before = _seq(client, run_id)
     db = client.runtime.db
-    with pytest.raises(Exception) as raised, db.transaction() as tx:
+    with pytest.raises(raised_as) as raised, db.transaction() as tx:
         driver.pipelined(tx.conn, [(_BUMP, {"b_run": run_id})])
         driver.send(tx.conn, _BUMP, {"b_run": run_id})
-        driver.send(tx.conn, _FAIL, {"b_run": run_id})
+        driver.send(tx.conn, failing, {"b_run": run_id})
     assert not isinstance(raised.value, CommitUnknown)  # refused: known not applied
-    assert "division by zero" in str(raised.value)
-    assert _seq(client, run_id) == before
-    assert _autocommit_of_pool(client) == [False]
-
-
-def test_a_serialization_failure_sent_with_the_commit_is_known_not_applied(
-    backend: Backend, client: Fleet
-) -> None:
-    """An operational error the server answers with a rollback (SQLSTATE class 40) is
-    a refusal, not an unknown commit: the caller may commit again at once."""
-    run_id = client.enqueue("chain", 1).id
-    before = _seq(client, run_id)
-    db = client.runtime.db
-    with pytest.raises(StoreUnavailable) as raised, db.transaction() as tx:
-        driver.pipelined(tx.conn, [(_BUMP, {"b_run": run_id})])
-        driver.send(tx.conn, _BUMP, {"b_run": run_id})
-        driver.send(tx.conn, _ROLLED_BACK, {})
-    assert not isinstance(raised.value, CommitUnknown)
-    assert "as a deadlock would" in str(raised.value)
+    assert says in str(raised.value)
     assert _seq(client, run_id) == before
     assert _autocommit_of_pool(client) == [False]
 
