@@ -114,7 +114,7 @@ def pipelined(conn: Connection, calls: Sequence[tuple[Any, Params]]) -> list[Row
     wraps it, and leaves the transaction failed."""
     hows = [compiled(stmt, conn) for stmt, _ in calls]
     dbapi: Any = conn.connection.dbapi_connection
-    if not hasattr(dbapi, "pipeline") or any(how is None for how in hows):
+    if not wire.pipelines(dbapi) or any(how is None for how in hows):
         return [_as_rows(run(conn, stmt, params)) for stmt, params in calls]
     held = wire.of(conn)
     line = held if held is not None else wire.new_wire(dbapi)

@@ -147,7 +147,7 @@ def own_transaction(conn: Connection) -> bool:
         dbapi: Any = conn.connection.dbapi_connection
         plain = (dbapi.isolation_level, dbapi.read_only, dbapi.deferrable) == (None,) * 3
         idle = dbapi.pgconn.transaction_status == 0  # psycopg.pq.TransactionStatus.IDLE
-        if not (plain and idle and not dbapi.autocommit and hasattr(dbapi, "pipeline")):
+        if not (plain and idle and not dbapi.autocommit and pipelines(dbapi)):
             return False
         dbapi.autocommit = True  # psycopg sends no BEGIN of its own
     except AttributeError:
@@ -170,7 +170,25 @@ def release(conn: Connection) -> None:
             return
     except Exception as exc:  # noqa: BLE001 - the connection is not fit for the pool
         log.debug("connection given up after its transaction: %s", exc)
-    conn.invalidate()
+    try:
+        conn.invalidate()
+    except Exception as exc:  # noqa: BLE001 - never hide the transaction's own error
+        log.debug("connection could not be invalidated: %s", exc)
+
+
+_PIPELINES: list[bool] = []  # whether this process's libpq has pipeline mode, once known
+
+
+def pipelines(dbapi: Any) -> bool:
+    """Whether statements can be sent together on this DBAPI connection: psycopg's,
+    with a libpq that has pipeline mode (14 or later)."""
+    if not hasattr(dbapi, "pipeline"):
+        return False
+    if not _PIPELINES:
+        from psycopg import capabilities
+
+        _PIPELINES.append(capabilities.has_pipeline())
+    return _PIPELINES[0]
 
 
 def abandon(conn: Connection) -> None:
