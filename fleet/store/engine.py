@@ -332,7 +332,7 @@ class Database:
             try:
                 conn.begin()
                 # On Postgres fleet sends the BEGIN with the first statements and the
-                # COMMIT with the last ones (fleet/store/driver.py).
+                # COMMIT with the last ones (fleet/store/wire.py).
                 wire.own_transaction(conn)
                 _AFTER[id(conn)] = tx.committed
                 try:

@@ -383,7 +383,7 @@ class Ledger(StepLedger):
             if dialect == fused.DIALECT and alone and advanced_seq is not None:
                 # A replay's usual end in one statement: its one next step, marked
                 # advanced. Sent, not waited for: it goes out with the next statement
-                # or the COMMIT (fleet/store/driver.py).
+                # or the COMMIT (fleet/store/wire.py).
                 driver.send(conn, fused.RECORD_AND_ADVANCE, {**rows[0], "b_advanced": advanced_seq})
                 return
             if messages:
