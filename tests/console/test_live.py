@@ -128,7 +128,9 @@ def test_event_streams_send_the_run_region_and_the_runs_rows(
 ) -> None:
     client.enqueue("approval", run_id="<live>")
     inline.drain()
-    console = app(client, auth=AUTH, live_interval=INTERVAL, stream_seconds=0.3)
+    # Long enough for the watcher's first query and render on a loaded CI host (a 0.3 s
+    # stream once ended before its first event there): each stream here lasts this long.
+    console = app(client, auth=AUTH, live_interval=INTERVAL, stream_seconds=2.0)
     with TestClient(console, headers={"Authorization": basic(*USER)}) as http:
         response = http.get("/events/run", params={"id": "<live>"})
         assert response.status_code == 200
