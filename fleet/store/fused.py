@@ -19,11 +19,11 @@ from typing import Any
 from sqlalchemy import exists, literal, literal_column, select, true
 from sqlalchemy.dialects import postgresql
 
-from fleet.states import AttemptOutcome
+from fleet.states import AttemptOutcome, Incident
 from fleet.store import derived
 from fleet.store import transitions as sql
 from fleet.store.predicates import OWNER, RUN, STEP, now
-from fleet.store.schema import attempts, runs
+from fleet.store.schema import attempts, incidents, runs
 
 # --- commit_output: the commit, its attempt closed, the run woken (unless a branch) ---
 # Zero rows: fenced (nothing written; the ledger records the fenced attempt). One row:
@@ -78,6 +78,21 @@ TAKE_AND_OPEN: Any = select(
     select(literal_column("count(*)")).select_from(_lost).scalar_subquery().label("lost"),
 ).add_cte(_opened)
 
+# --- take_lease_at_commit: the same, and a takeover's incident noted in the statement,
+# as incidents are, in the transaction that met them (the ledger reads this one's rows
+# only after the COMMIT, too late to write the incident on its own).
+_noted = (
+    incidents.insert()
+    .from_select(
+        ["kind", "run_id", "step_id", "epoch", "worker", "at"],
+        select(literal(Incident.TAKEOVER.value), RUN, STEP, _taken.c.epoch, OWNER, now()).where(
+            exists(select(_lost.c.epoch))
+        ),
+    )
+    .cte("noted")
+)
+TAKE_OPEN_AND_NOTE: Any = TAKE_AND_OPEN.add_cte(_noted)
+
 # --- record_steps of one step that ends a replay: the step, and the run marked advanced
 _recorded = sql.RECORD_STEP["postgresql"].cte("recorded")
 RECORD_AND_ADVANCE: Any = derived.MARK_ADVANCED.add_cte(_recorded)
@@ -86,4 +101,4 @@ RECORD_AND_ADVANCE: Any = derived.MARK_ADVANCED.add_cte(_recorded)
 DIALECT: str = postgresql.dialect.name
 
 # Every one of them writes (a meter that counts writing statements asks here).
-WRITES: tuple[Any, ...] = (COMMIT_AND_WAKE, TAKE_AND_OPEN, RECORD_AND_ADVANCE)
+WRITES: tuple[Any, ...] = (COMMIT_AND_WAKE, TAKE_AND_OPEN, TAKE_OPEN_AND_NOTE, RECORD_AND_ADVANCE)

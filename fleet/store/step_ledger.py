@@ -156,16 +156,16 @@ class StepLedger(Upkeep):
     ) -> Callable[[], Lease | TakeRefused]:
         """``take_lease`` in the transaction this ledger is bound to, its answer given
         by the function returned, called once that transaction has committed. On
-        Postgres the take goes out with the COMMIT, in its round trip; why a lease was
-        refused is then asked, and a takeover's incident recorded, each in a
-        transaction of its own. Unbound, or on SQLite: taken now."""
+        Postgres the take goes out with the COMMIT, in its round trip, a takeover's
+        incident noted in the same statement; why a lease was refused is then asked in
+        a transaction of its own. Unbound, or on SQLite: taken now."""
         if self.tx is None or self.db.dialect != fused.DIALECT:
             answer = self.take_lease(run_id, step_id, owner, lease_seconds)
             return lambda: answer
         key = {"b_run": run_id, "b_step": step_id}
         with self.db.begin(self.tx) as conn:
             params = {**key, "b_owner": owner, "b_lease": lease_seconds}
-            pending = driver.send(conn, fused.TAKE_AND_OPEN, params)
+            pending = driver.send(conn, fused.TAKE_OPEN_AND_NOTE, params)
 
         def answered() -> Lease | TakeRefused:
             taken = pending.rows().first()
@@ -173,9 +173,6 @@ class StepLedger(Upkeep):
                 with self.db.begin(read=True) as conn:
                     return self._why_not_taken(conn, key)
             epoch, attempt, name, input_, lost = taken
-            if lost > 0:
-                with self.db.begin() as conn:
-                    self._incident(conn, Incident.TAKEOVER, run_id, step_id, epoch, owner)
             return Lease(run_id, step_id, epoch, attempt, name, input_, lost > 0)
 
         return answered

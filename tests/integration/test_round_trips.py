@@ -13,12 +13,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import event, func, select, text
 
 from fleet import Fleet
 from fleet.errors import StoreUnavailable
+from fleet.states import Incident
 from fleet.store import driver
 from fleet.store.queries import RUN_ROW, HistoryRead, read_snapshot
+from fleet.store.schema import incidents
 from fleet.testing import InlineBroker
 from fleet.worker.inline import run_steps
 from tests.harness import Backend, Wire
@@ -158,6 +160,43 @@ def test_the_fused_path_agrees_with_the_plain_one_on_a_fan_out_and_a_takeover(
     attempts = {a.epoch: a.outcome for a in client.runtime.queries.attempts(run_id)}
     assert attempts == {1: "fenced", 2: "running"}
     assert run2.status() == "running"
+
+
+def _takeovers(client: Fleet, step_id: str) -> int:
+    query = (
+        select(func.count())
+        .select_from(incidents)
+        .where(incidents.c.kind == Incident.TAKEOVER, incidents.c.step_id == step_id)
+    )
+    with client.runtime.db.begin() as conn:
+        return int(conn.execute(query).scalar_one())
+
+
+def test_a_lease_taken_at_the_commit_notes_its_takeover_with_it(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """A takeover's incident is written in the transaction that took the lease, also
+    when the take goes out with the COMMIT (``fused.TAKE_OPEN_AND_NOTE``): none if that
+    transaction rolls back, one if it commits."""
+    ledger, db = client.runtime.ledger, client.runtime.db
+    client.enqueue("chain", 1)
+    inline.step()
+    (_, (run_id, step_id)) = inline.sent.pop(0)
+    first = ledger.take_lease(run_id, step_id, "w1", -1.0)  # expired already
+    assert not isinstance(first, str) and first.epoch == 1
+    with pytest.raises(RuntimeError), db.transaction() as tx:
+        ledger.within(tx).take_lease_at_commit(run_id, step_id, "w2", 30.0)
+        raise RuntimeError("the commit's transaction failed")
+    assert _takeovers(client, step_id) == 0
+    with db.transaction() as tx:
+        answer = ledger.within(tx).take_lease_at_commit(run_id, step_id, "w2", 30.0)
+    assert _takeovers(client, step_id) == 1  # committed with the take, before any answer
+    lease = answer()
+    assert not isinstance(lease, str)
+    assert (lease.epoch, lease.took_over) == (2, True)
+    assert _takeovers(client, step_id) == 1
+    attempts = {a.epoch: a.outcome for a in client.runtime.queries.attempts(run_id)}
+    assert attempts == {1: "lost", 2: "running"}
 
 
 def _one_by_one(conn: Any, run_id: str) -> list[str]:
