@@ -26,7 +26,7 @@ from sqlalchemy import Float
 from sqlalchemy.engine import Connection
 
 from fleet.store import wire
-from fleet.store.wire import Rows, row_type
+from fleet.store.wire import Rows
 
 # (id of the statement, dialect, driver) → how to run it. Only module constants built
 # at import are run here, so their ids are stable for the process's life and this
@@ -153,9 +153,7 @@ def run(conn: Connection, stmt: Any, params: Params | Sequence[Params]) -> Any:
     if line is not None:
         if how is not None and (isinstance(params, Mapping) or len(params) == 1):
             one = params if isinstance(params, Mapping) else params[0]
-            (pending,) = wire.send_all(conn, line, [(stmt, one)], [how])
-            wire.sync(conn, line)  # with the BEGIN, or what ``send`` left pending
-            return pending.rows()
+            return pipelined(conn, [(stmt, one)])[0]  # with the BEGIN, or what is pending
         wire.sync(conn, line)
     if how is None:
         return conn.execute(stmt, params)
@@ -180,17 +178,9 @@ def run(conn: Connection, stmt: Any, params: Params | Sequence[Params]) -> Any:
         if listening:
             for fn in conn.dispatch.after_cursor_execute:
                 fn(conn, cursor, sql, bound, None, many)
-        rows: list[Any] = list(cursor.fetchall()) if how.columns and not many else []
-        rowcount = cursor.rowcount
+        return wire.rows_of(cursor, () if many else how.columns)
     except Exception as exc:
-        if not isinstance(exc, conn.dialect.loaded_dbapi.Error):
-            raise
-        # Wrapped (and a lost connection invalidated) as SQLAlchemy does its own.
-        conn._handle_dbapi_exception(exc, sql, bound, cursor, None)
-        raise  # unreachable: the handler raises
+        wire.raise_wrapped(conn, exc, sql, bound, cursor)
+        raise  # unreachable: it raises
     finally:
         cursor.close()
-    if rows:
-        make = row_type(how.columns)
-        rows = [make(*row) for row in rows]
-    return Rows(rows, rowcount)

@@ -58,7 +58,7 @@ class Rows:
 _ROW_TYPES: dict[tuple[str, ...], Any] = {}
 
 
-def row_type(columns: tuple[str, ...]) -> Any:
+def _row_type(columns: tuple[str, ...]) -> Any:
     made = _ROW_TYPES.get(columns)
     if made is None:
         made = namedtuple("Row", columns, rename=True)  # type: ignore[misc,no-redef]
@@ -126,17 +126,21 @@ class Pending:
         return self.result
 
     def _read(self) -> None:
-        how, cursor = self.how, self.cursor
-        assert how is not None
+        assert self.how is not None
         try:
-            rows = list(cursor.fetchall()) if how.columns else []
-            rowcount = cursor.rowcount
+            self.result = rows_of(self.cursor, self.how.columns)
         finally:
-            cursor.close()
-        if rows:
-            make = row_type(how.columns)
-            rows = [make(*row) for row in rows]
-        self.result = Rows(rows, rowcount)
+            self.cursor.close()
+
+
+def rows_of(cursor: Any, columns: tuple[str, ...]) -> Rows:
+    """What a statement executed on ``cursor`` returned: its rows as named tuples of
+    ``columns`` (none read if it names none) and the count of rows it touched."""
+    rows = list(cursor.fetchall()) if columns else []
+    if rows:
+        make = _row_type(columns)
+        rows = [make(*row) for row in rows]
+    return Rows(rows, cursor.rowcount)
 
 
 def own_transaction(conn: Connection) -> bool:
@@ -213,8 +217,8 @@ def _close_quietly(wire: _Wire) -> None:
 def settle(conn: Connection, *_: Any) -> None:
     """Before a statement that is not the driver's: send the BEGIN if it has not gone,
     and sync whatever ``send`` left pending. (A ``before_cursor_execute`` listener.)"""
-    wire = _WIRES.get(id(conn))
-    if wire is not None and not wire.driving and (wire.begin or wire.pipeline is not None):
+    wire = held(conn)
+    if wire is not None:
         sync(conn, wire)
 
 
@@ -257,7 +261,7 @@ def send_all(
             cursor.execute(sql, bound)
         return out
     except Exception as exc:
-        _raise_wrapped(conn, exc, sql, bound)
+        raise_wrapped(conn, exc, sql, bound)
         raise  # unreachable
 
 
@@ -287,7 +291,7 @@ def sync(conn: Connection, wire: _Wire, *, commit: bool = False) -> None:
         for p in wire.pending:
             p.cursor.close()
         wire.pending = []
-        _raise_wrapped(conn, exc, _COMMIT if commit else "(a pipeline's sync)", None)
+        raise_wrapped(conn, exc, _COMMIT if commit else "(a pipeline's sync)", None)
     pending, wire.pending = wire.pending, []
     listening = conn._has_events or conn.engine._has_events
     for p in pending:
@@ -297,8 +301,11 @@ def sync(conn: Connection, wire: _Wire, *, commit: bool = False) -> None:
         p._read()
 
 
-def _raise_wrapped(conn: Connection, exc: Exception, sql: str, params: Any) -> None:
+def raise_wrapped(
+    conn: Connection, exc: Exception, sql: str, params: Any, cursor: Any = None
+) -> None:
+    """Raise ``exc``: a driver error wrapped (and a lost connection invalidated) as
+    SQLAlchemy does its own, anything else as it is."""
     if not isinstance(exc, conn.dialect.loaded_dbapi.Error):
         raise exc
-    # Wrapped (and a lost connection invalidated) as SQLAlchemy does its own.
-    conn._handle_dbapi_exception(exc, sql, params, None, None)
+    conn._handle_dbapi_exception(exc, sql, params, cursor, None)
