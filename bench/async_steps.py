@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from bench.common import processes, save, services
@@ -50,12 +50,42 @@ def aagent(wf: WorkflowContext, steps: int, seconds: float) -> int:
     return steps
 
 
+@dataclass(frozen=True)
+class AsyncConfig(Config):
+    """A threads-pool worker whose awaiting steps hold no slot, up to ``awaiting`` of them
+    (``FLEET_ASYNC_AWAITING``; 0: each holds its slot's thread, as before strands)."""
+
+    awaiting: int = 1000
+
+    def limit(self, seconds: float) -> float:
+        """Steps/s the worker allows: its slots and its room off them, capped by the runs."""
+        return min((self.concurrency + self.awaiting) * self.processes, self.runs) / seconds
+
+
 CONFIGS = (
-    Config("async c=100", "threads", 100, 100, 20),
-    Config("async c=200", "threads", 200, 200, 10),
-    Config("async c=500", "threads", 500, 500, 20),
+    AsyncConfig("async c=100", "threads", 100, 100, 20),
+    AsyncConfig("async c=200", "threads", 200, 200, 10),
+    AsyncConfig("async c=500", "threads", 500, 500, 20),
+    # Each awaiting step on its slot's thread: the figure before strands.
+    AsyncConfig("async c=500 on slots", "threads", 500, 500, 20, awaiting=0),
+    # The issue's "thread pool of modest size": 500 awaiting on a worker of 8 slots.
+    AsyncConfig("async 500 on 8 slots", "threads", 8, 500, 20),
 )
-DEFAULT = tuple(c.label for c in CONFIGS)
+DEFAULT = ("async c=100", "async c=200", "async c=500", "async 500 on 8 slots")
+
+
+def enqueue_async(client: Fleet, workflow: Any, runs: int, args: list[Any]) -> list[str]:
+    """Every run enqueued at once with ``aenqueue``, as an async app would start them (one
+    insert and one broker round per batch of calls that arrive together)."""
+
+    async def start() -> list[str]:
+        handles = await asyncio.gather(*(client.aenqueue(workflow, *args) for _ in range(runs)))
+        return [h.id for h in handles]
+
+    return asyncio.run(start())
+
+
+ENQUEUE: dict[str, Any] = {"sync": None, "async": enqueue_async}
 
 
 def peak_concurrency(attempts: list[Any]) -> int:
@@ -75,26 +105,33 @@ def peak_concurrency(attempts: list[Any]) -> int:
 PEAKS: dict[str, list[int]] = {}
 
 
-def measure(client: Fleet, cfg: Config, seconds: float, timeout: float, pids: list[int]) -> Batch:
-    """One batch of ``cfg.runs`` runs enqueued at once, its figures from the store (and
-    its peak of attempts running at once, kept in ``PEAKS``)."""
-    ids, enqueue_s, used = run_batch(client, cfg, seconds, timeout, pids, aagent)
+def measure(
+    client: Fleet, cfg: Config, seconds: float, timeout: float, pids: list[int], how: str
+) -> Batch:
+    """One batch of ``cfg.runs`` runs enqueued at once (``how``: one after another, or
+    all with ``aenqueue``), its figures from the store (and its peak of attempts running
+    at once, kept in ``PEAKS``)."""
+    ids, enqueue_s, used = run_batch(client, cfg, seconds, timeout, pids, aagent, ENQUEUE[how])
     batch, attempts = batch_figures(client, cfg, seconds, ids, enqueue_s, used)
     PEAKS.setdefault(cfg.label, []).append(peak_concurrency(attempts))
     return batch
 
 
-def run_config(cfg: Config, reps: int, seconds: float, redis_db: int) -> dict[str, Any]:
+def run_config(
+    cfg: AsyncConfig, reps: int, seconds: float, redis_db: int, how: str
+) -> dict[str, Any]:
     """A fresh store and worker for ``cfg``: a warm-up batch, then ``reps`` measured."""
     with services(f"async_{cfg.concurrency}", redis_db=redis_db) as svc:
         client = fleet.with_settings(Settings.from_env(svc.env()))
         client.upgrade_schema()
         argv = worker_argv(APP, cfg.concurrency, cfg.pool)
-        with processes(svc, [("worker1", argv)], WORKER_READY) as procs:
+        env = {"FLEET_ASYNC_AWAITING": str(cfg.awaiting)}
+        with processes(svc, [("worker1", argv)], WORKER_READY, **env) as procs:
             pids = [p.pid for p in procs]
-            warm = measure(client, replace(cfg, runs=min(20, cfg.runs), steps=1), seconds, 60, pids)
+            small = replace(cfg, runs=min(20, cfg.runs), steps=1)
+            warm = measure(client, small, seconds, 60, pids, how)
             timeout = cfg.steps * seconds * 20 + 60
-            batches = [measure(client, cfg, seconds, timeout, pids) for _ in range(reps)]
+            batches = [measure(client, cfg, seconds, timeout, pids, how) for _ in range(reps)]
     return {"config": asdict(cfg), "probe": asdict(warm), "batches": [asdict(b) for b in batches]}
 
 
@@ -105,7 +142,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, help="steps per run, every configuration")
     p.add_argument("--seconds", type=float, default=1.0, help="latency of one step")
     p.add_argument("--redis-db", type=int, default=14)
-    p.add_argument("--only", default=",".join(DEFAULT), help="labels: " + ", ".join(DEFAULT))
+    labels = [c.label for c in CONFIGS]
+    p.add_argument("--only", default=",".join(DEFAULT), help="labels: " + ", ".join(labels))
+    p.add_argument(
+        "--enqueue",
+        choices=sorted(ENQUEUE),
+        default="sync",
+        help="the batch's runs enqueued one after another (sync) or at once (aenqueue)",
+    )
     args = p.parse_args()
     configs = [
         replace(c, runs=args.runs or c.runs, steps=args.steps or c.steps)
@@ -116,7 +160,7 @@ def main() -> None:
     results = []
     for cfg in configs:
         print(f"{cfg.label}: {cfg.runs} runs x {cfg.steps} steps, {args.reps} rep(s)...")
-        results.append(run_config(cfg, args.reps, args.seconds, args.redis_db))
+        results.append(run_config(cfg, args.reps, args.seconds, args.redis_db, args.enqueue))
     summary = io_report(results, args.seconds)
     print("peak attempts awaiting at once (warm-up, then each batch):")
     for label, peaks in PEAKS.items():
@@ -125,6 +169,7 @@ def main() -> None:
         "async_steps",
         {
             "seconds": args.seconds,
+            "enqueue": args.enqueue,
             "loadavg_before": load,
             "loadavg_after": os.getloadavg(),
             "summary": summary,

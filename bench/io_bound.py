@@ -33,6 +33,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -181,12 +182,17 @@ def run_batch(
     timeout: float,
     pids: list[int],
     workflow: Any = agent_flows.agent,
+    enqueue: Callable[[Fleet, Any, int, list[Any]], list[str]] | None = None,
 ) -> tuple[list[str], float, Counters]:
-    """Enqueue ``cfg.runs`` runs of ``workflow`` (the agent unless given) at once and wait
-    for all of them to end: their ids, the enqueue time and what the batch used."""
+    """Enqueue ``cfg.runs`` runs of ``workflow`` (the agent unless given) at once, one
+    after another (or by ``enqueue(client, workflow, runs, args)``), and wait for all of
+    them to end: their ids, the enqueue time and what the batch used."""
     before = counters(client, pids)
     t0 = time.perf_counter()
-    ids = [client.enqueue(workflow, cfg.steps, seconds).id for _ in range(cfg.runs)]
+    if enqueue is not None:
+        ids = enqueue(client, workflow, cfg.runs, [cfg.steps, seconds])
+    else:
+        ids = [client.enqueue(workflow, cfg.steps, seconds).id for _ in range(cfg.runs)]
     enqueue_s = time.perf_counter() - t0
     wait_until(lambda: finished(client, ids) == len(ids), timeout, "the runs to end", 0.25)
     time.sleep(1.0)  # let Postgres flush its statistics

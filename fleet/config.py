@@ -29,14 +29,14 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _count(env: Mapping[str, str], name: str, default: int) -> int:
-    """A positive whole number (``10000``, not ``1e4`` or ``10.5``)."""
+def _count(env: Mapping[str, str], name: str, default: int, least: int = 1) -> int:
+    """A whole number of ``least`` or more (``10000``, not ``1e4`` or ``10.5``)."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     text = raw.strip()
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise BadInput(f"{name}={raw!r} must be a whole number of 1 or more")
+    if not (text.isascii() and text.isdigit()) or int(text) < least:
+        raise BadInput(f"{name}={raw!r} must be a whole number of {least} or more")
     return int(text)
 
 
@@ -70,6 +70,11 @@ class Settings:
     # for its own threads, opening none beyond (the default 10 + 5: the most a process
     # held before, kept open): keep (this + 5) x such processes under max_connections.
     db_pool_max: int = 10
+    # A threads-pool worker runs up to this many attempts of ``async def`` steps at once
+    # off its slots, as greenlets on ``async_strands`` threads (fleet/worker/strands.py):
+    # an awaiting step holds no thread. Past it they wait on their slots; 0: always.
+    async_awaiting: int = 1000
+    async_strands: int = 4
     # 0: derived from the lease (see ``visibility_timeout``).
     visibility_timeout_seconds: float = 0.0
     # FLEET_RETENTION (``30d``): the sweeper prunes runs finished longer ago than this many
@@ -104,6 +109,8 @@ class Settings:
             shutdown_grace=_float(env, "FLEET_SHUTDOWN_GRACE", cls.shutdown_grace),
             inline_steps=int(_float(env, "FLEET_INLINE_STEPS", cls.inline_steps)),
             db_pool_max=_count(env, "FLEET_DB_POOL_MAX", cls.db_pool_max),
+            async_awaiting=_count(env, "FLEET_ASYNC_AWAITING", cls.async_awaiting, least=0),
+            async_strands=_count(env, "FLEET_ASYNC_STRANDS", cls.async_strands),
             retention=env_duration(env, "FLEET_RETENTION"),
             max_fanout=_count(env, "FLEET_MAX_FANOUT", cls.max_fanout),
             max_steps=_count(env, "FLEET_MAX_STEPS", cls.max_steps),

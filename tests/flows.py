@@ -787,6 +787,38 @@ def async_pair(wf: WorkflowContext, seconds: float) -> list[str]:
     return [str(o["loop"]) for o in outs]
 
 
+@fleet.step
+async def anap_item(ctx: StepContext, item: list[Any]) -> int:
+    """``anap`` for ``wf.map``: an item ``[i, seconds]``, awaited."""
+    import asyncio
+
+    log_event(ctx, "start", i=item[0])
+    await asyncio.sleep(float(item[1]))
+    log_event(ctx, "end", i=item[0])
+    return int(item[0])
+
+
+@fleet.step
+def where_sync(ctx: StepContext, total: int) -> str:
+    """A sync step after async ones: the thread it ran on (never a strand's)."""
+    import threading
+
+    name = threading.current_thread().name
+    log_event(ctx, "start", thread=name)
+    return name
+
+
+@fleet.workflow(version="1")
+def async_crowd(wf: WorkflowContext, n: int, seconds: float) -> dict[str, Any]:
+    """``n`` async steps at once, each awaiting ``seconds``, then a sync one and an
+    async chain's sync tail: the threads the sync ones ran on."""
+    got = wf.map(anap_item, [[i, seconds] for i in range(n)])
+    after_map = wf.step(where_sync, sum(got))
+    wf.step(anap, 1)  # an async step kept inline by the fan-in's advance...
+    after_chain = wf.step(where_sync, 0)  # ...then a sync one it must send to a slot
+    return {"sum": sum(got), "threads": [after_map, after_chain]}
+
+
 @fleet.step(retry=RetryPolicy(max_attempts=5, initial_delay=0.1, max_delay=1.0))
 async def aflaky(ctx: StepContext, fails: int) -> int:
     """Asks for a retry (``Retry``) on its first ``fails`` attempts; then its attempt."""

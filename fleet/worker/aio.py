@@ -5,8 +5,10 @@ forked child (Celery's prefork pool: threads do not survive fork). Every slot of
 process submits to it, so a client created once (``httpx.AsyncClient``, ``AsyncOpenAI``)
 is reused by every step the process runs. The slot's thread submits the coroutine and
 waits for its outcome; everything else an attempt does (lease, effect gate, commit)
-stays on that thread, as for a sync step. Sync steps never run on the loop, so none
-can block it.
+stays on that thread, as for a sync step. On a threads-pool worker the attempt has
+usually left its slot for a greenlet on a strand (``fleet/worker/strands.py``): that
+greenlet parks instead, and its strand's thread runs others while the coroutine
+awaits. Sync steps never run on the loop, so none can block it.
 
 When a renewal finds the lease lost (the run cancelled, the step taken over), the
 coroutine's task is cancelled at once (``Heartbeat.when_lost``) and the attempt ends as
@@ -31,6 +33,7 @@ from typing import Any
 
 from fleet.errors import NonRetryable
 from fleet.registry import is_async
+from fleet.worker import strands
 from fleet.worker.context import LeaseLost
 from fleet.worker.heartbeat import Heartbeat
 
@@ -73,9 +76,16 @@ class EventLoop:
         # The slot's context (its log context, the redactor of the secrets it reveals)
         # goes with the coroutine, named here rather than left to where the task is made.
         call = _Call(coro, contextvars.copy_context())
+        strand = strands.current()
+        if strand is not None:  # a greenlet on a strand parks; its thread runs others
+            call.wake = strand.waker(thread)
         loop.call_soon_threadsafe(call.start, loop)
         # After start, on the same loop: a cancel always finds the task made.
         hb.when_lost(lambda: loop.call_soon_threadsafe(call.cancel))
+        if strand is not None:
+            strand.sleep()
+            if not call.done.is_set():  # woken by its loop's death (``Strand``)
+                raise RuntimeError(f"{what}: the worker's event loop stopped")
         while not call.done.wait(_ALIVE_CHECK):
             if not thread.is_alive():
                 raise RuntimeError(f"{what}: the worker's event loop stopped")
@@ -99,6 +109,8 @@ class _Call:
         self.lost = False
         self.value: Any = None
         self.error: BaseException | None = None
+        # Called once ``done`` is set (from the loop's thread): wakes a parked greenlet.
+        self.wake: Callable[[], None] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -106,7 +118,7 @@ class _Call:
         except BaseException as exc:  # the slot must not wait for a task never made
             self.coro.close()
             self.error = exc
-            self.done.set()
+            self._set_done()
             return
         self.task.add_done_callback(self._finished)
 
@@ -123,7 +135,12 @@ class _Call:
             self.error = exc
         else:
             self.value = task.result()
+        self._set_done()
+
+    def _set_done(self) -> None:
         self.done.set()
+        if self.wake is not None:
+            self.wake()
 
     def outcome(self, hb: Heartbeat, what: str) -> Any:
         if self.lost and self.error is not None:  # however the step let the cancel out

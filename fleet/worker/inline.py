@@ -8,6 +8,8 @@ the replay recorded exactly one; that step is then not sent but run here. A step
 so is in the store already: if this process dies before taking it (or while running
 it), the sweeper sends it.
 Fan-outs are still sent, one message per item, so that any worker can take them.
+An async step's attempt may go on off its slot, as a greenlet on a strand
+(``fleet/worker/strands.py``), with the run's next steps while they are async too.
 
 An advance (a new run's first, a waiting run's resume when its signal came or its
 timer fired, a fan-in's wake-up) does the same with the first task step its replay
@@ -29,8 +31,9 @@ from functools import partial
 from celery.worker import state as worker_state
 
 from fleet.logs import log_context
+from fleet.registry import is_async
 from fleet.store.ledger import Lease, TakeRefused
-from fleet.worker import process
+from fleet.worker import process, strands
 from fleet.worker.attempt import commit, perform, running, take
 from fleet.worker.context import Attempt
 from fleet.worker.failures import refused
@@ -59,11 +62,26 @@ def run_steps(
     more = more or _task_limits(rt)
     with log_context(run_id=run_id, step_id=step_id):
         att = take(rt, run_id, step_id)
-    ran = 0
+    return _chain(att, more, 0)
+
+
+def _chain(att: Attempt | None, more: Callable[[int], bool], ran: int) -> int:
+    """Run ``att`` and the run's next ones kept inline. An async one goes on as a
+    greenlet on a strand if its process has room there (``fleet/worker/strands.py``),
+    and this slot is free at once; it then counts nothing more here."""
     while att is not None:
+        if _leaves_its_slot(att) and process.current().strands.hand(
+            partial(_chain, att, more, ran)
+        ):
+            return ran
         ran += 1
         att = _run_one(att, partial(more, ran))
     return ran
+
+
+def _leaves_its_slot(att: Attempt) -> bool:
+    """An async attempt on a slot, in a process whose strands are on."""
+    return is_async(att.sd.fn) and process.current().strands.on and strands.current() is None
 
 
 def advance_steps(rt: Runtime, run_id: str) -> int:
@@ -193,11 +211,18 @@ def _keep_the_one_next(
     if len(replayed.tasks) != 1:
         return replayed, None
     (task,) = replayed.tasks
+    if strands.current() is not None and not _async_step(bound, task.name):
+        return replayed, None  # a strand runs no sync body: that step is sent, to a slot
     # On Postgres the take goes out with the COMMIT; its answer is read after it.
     lease = bound.ledger.take_lease_at_commit(
         att.run_id, task.step_id, bound.worker_name, bound.settings.lease_seconds
     )
     return replace(replayed, tasks=[]), _Kept(task.step_id, lease)
+
+
+def _async_step(rt: Runtime, name: str) -> bool:
+    sd = rt.registry.steps.get(name)
+    return sd is not None and is_async(sd.fn)
 
 
 def _next_attempt(att: Attempt, kept: _Kept | None) -> Attempt | None:

@@ -1,7 +1,8 @@
 """What a worker process holds across the Fleets built in it, in one object.
 
 A process has one heartbeat thread (``Beater``), one event loop for async steps
-(``EventLoop``, in a thread of its own), one ``stopping`` flag (set when a warm
+(``EventLoop``, in a thread of its own), the strands async attempts run on off their
+slots (``Strands``, on a threads pool only), one ``stopping`` flag (set when a warm
 shutdown begins: tasks stop running further steps inline) and the Fleets registered in
 it, which its one shutdown handler serves (a worker module may import another that
 builds its own Fleet). ``current()`` is the process's one ``Process``, created on first
@@ -18,6 +19,7 @@ from typing import Any
 from fleet.worker.aio import EventLoop
 from fleet.worker.heartbeat import Beater, release_leases
 from fleet.worker.runtime import Runtime
+from fleet.worker.strands import Strands
 
 
 class Process:
@@ -26,6 +28,8 @@ class Process:
     def __init__(self) -> None:
         self.beater = Beater()
         self.loop = EventLoop()  # where async steps run; its thread made on first use
+        # Where async steps' attempts go on off their slots (a threads pool configures it).
+        self.strands = Strands()
         self.stopping = threading.Event()
         # Each registered runtime with its Celery app, both held weakly: a Fleet built
         # and dropped (a test's, the demo's scratch one) is not kept alive by the process.

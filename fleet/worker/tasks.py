@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, worker_shutting_down
+from celery.signals import celeryd_after_setup, worker_shutdown, worker_shutting_down
 
 from fleet.states import Incident
 from fleet.worker import process
@@ -88,6 +88,34 @@ def _size_store_pool(sender: Any, instance: Any, **_: Any) -> None:
     log.info("store connections: %d for %d concurrent tasks", size, instance.concurrency)
 
 
+_THREADS_POOL = "celery.concurrency.thread"
+
+
+def _start_strands(sender: Any, instance: Any, **_: Any) -> None:
+    """On a threads pool, async steps' attempts go on off their slots, as greenlets on
+    a few strand threads (fleet/worker/strands.py): an awaiting step holds no thread."""
+    rt = process.current().runtime_of(instance.app)
+    if rt is None or getattr(instance.pool_cls, "__module__", None) != _THREADS_POOL:
+        return
+    awaiting, threads = rt.settings.async_awaiting, rt.settings.async_strands
+    process.current().strands.configure(threads, awaiting)
+    if awaiting:
+        log.info("async steps: up to %d awaiting off the slots, on %d strands", awaiting, threads)
+
+
+def _drain_strands(**_: Any) -> None:
+    """Once the pool has stopped (its slots' tasks done), a warm shutdown waits for the
+    attempts on the strands too, within the same grace (whose deadline releases the
+    leases still held and exits, ``_on_shutdown``)."""
+    proc = process.current()
+    runtimes = proc.runtimes()
+    if not runtimes or not proc.strands.held():
+        return
+    grace = min(rt.settings.shutdown_grace for rt in runtimes)
+    log.info("waiting for %d async attempt(s) off the slots", proc.strands.held())
+    proc.strands.drain(grace)
+
+
 def register(celery: Celery, rt: Runtime) -> None:
     """Bind the tasks to this app only (``shared=False``): Celery's default would bind
     them to every app in the process, so a second Fleet's tasks would reach the first
@@ -105,6 +133,8 @@ def register(celery: Celery, rt: Runtime) -> None:
         _add_workflow_queues, weak=False, dispatch_uid="fleet.workflow_queues"
     )
     celeryd_after_setup.connect(_size_store_pool, weak=False, dispatch_uid="fleet.store_pool")
+    celeryd_after_setup.connect(_start_strands, weak=False, dispatch_uid="fleet.strands")
+    worker_shutdown.connect(_drain_strands, weak=False, dispatch_uid="fleet.drain_strands")
 
     @celery.task(name=ADVANCE, ignore_result=True, shared=False)
     def advance_task(*args: Any) -> None:
