@@ -283,9 +283,13 @@ def median_of(batches: list[dict[str, Any]], key: str) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def summarise(result: dict[str, Any], seconds: float) -> dict[str, Any]:
-    """Median and spread of the batches of one configuration, and the verdict."""
-    cfg = Config(**result["config"])
+def summarise(
+    result: dict[str, Any], seconds: float, kind: type[Config] = Config, target: float = 0.0
+) -> dict[str, Any]:
+    """Median and spread of the batches of one configuration (a ``kind``), and the
+    verdict against ``target`` (this bench's, unless given)."""
+    cfg = kind(**result["config"])
+    target = target or TARGET
     batches = result.get("batches", [])
     ratios = [b["ratio"] for b in batches]
     med = statistics.median(ratios) if ratios else 0.0
@@ -295,7 +299,7 @@ def summarise(result: dict[str, Any], seconds: float) -> dict[str, Any]:
         "limit": cfg.limit(seconds),
         "steps_per_s": spread([b["steps_per_s"] for b in batches]),
         "ratio": spread(ratios, "{:.2f}"),
-        "verdict": "HUNG" if result.get("hung") else "met" if med >= TARGET else "MISSED",
+        "verdict": "HUNG" if result.get("hung") else "met" if med >= target else "MISSED",
         "ratio_median": med,
         "diagnostics": {
             key: median_of(batches, key)
@@ -313,10 +317,14 @@ def summarise(result: dict[str, Any], seconds: float) -> dict[str, Any]:
     }
 
 
-def report(results: list[dict[str, Any]], seconds: float) -> list[dict[str, Any]]:
+def report(
+    results: list[dict[str, Any]], seconds: float, kind: type[Config] = Config, target: float = 0.0
+) -> list[dict[str, Any]]:
     """Print the tables; return the summaries for the JSON."""
-    rows = [summarise(r, seconds) for r in results]
-    print(f"\nI/O-bound agents: {seconds:g} s steps on one host; target ratio >= {TARGET}")
+    rows = [summarise(r, seconds, kind, target) for r in results]
+    print(
+        f"\nI/O-bound agents: {seconds:g} s steps on one host; target ratio >= {target or TARGET}"
+    )
     print(f"{'config':<13} {'pool, runs x steps':<28} {'limit/s':>7}  {'steps/s':<24} ratio")
     for s in rows:
         print(

@@ -21,10 +21,12 @@ from typing import TypeVar
 
 from fleet import codec, transcripts
 from fleet.logs import log_context
+from fleet.registry import StepDef
 from fleet.secrets import redacting
 from fleet.states import Incident, IntentOutcome
 from fleet.store.engine import CommitUnknown
 from fleet.store.ledger import Committed, Lease, TakeRefused
+from fleet.store.rows import RunRow
 from fleet.worker import gate as limits_gate
 from fleet.worker import process
 from fleet.worker.aio import Runner
@@ -89,10 +91,23 @@ def take(rt: Runtime, run_id: str, step_id: str) -> Attempt | None:
     live = not (step.status.finished or run.status.finished)
     if sd.limits and live and not limits_gate.admit(rt, run, step, sd):
         return None
-    lease = rt.ledger.take_lease(run_id, step_id, rt.worker_name, rt.settings.lease_seconds)
+    return _leased(rt, run, step_id, sd)
+
+
+def take_recorded(rt: Runtime, run: RunRow, step_id: str, name: str) -> Attempt | None:
+    """Take the lease of a step this process's replay has just recorded, with the run
+    row that replay read: no read of its own. This worker has the run's version (it
+    replayed it) and the step (the replay called it); a step naming limits never comes
+    here (it takes room first, ``take``). A refusal (another delivery took it first) is
+    routed as any."""
+    return _leased(rt, run, step_id, rt.registry.steps[name])
+
+
+def _leased(rt: Runtime, run: RunRow, step_id: str, sd: StepDef) -> Attempt | None:
+    lease = rt.ledger.take_lease(run.id, step_id, rt.worker_name, rt.settings.lease_seconds)
     if isinstance(lease, TakeRefused):
         if sd.limits:
-            limits_gate.refused(rt, run_id, step_id)
+            limits_gate.refused(rt, run.id, step_id)
         refused(rt, run, step_id, lease)
         return None
     return Attempt(rt, run, sd, lease)

@@ -13,11 +13,11 @@ An async step's attempt may go on off its slot, as a greenlet on a strand
 
 An advance (a new run's first, a waiting run's resume when its signal came or its
 timer fired, a fan-in's wake-up) does the same with the first task step its replay
-recorded (``advance_steps``): the others are sent, that one is taken through the path
-a delivery takes (``attempt.take``) and run here. The replay has recorded it in the
-store already, so the sweeper sends it if this process dies first; a message for it
-that is also delivered drops itself on the live lease. A step naming limits is sent
-(it takes room before its lease).
+recorded (``advance_steps``): the others are sent, that one's lease is taken with the
+run row the replay read (``attempt.take_recorded``: no second read) and it runs here.
+The replay has recorded it in the store already, so the sweeper sends it if this
+process dies first; a message for it that is also delivered drops itself on the live
+lease. A step naming limits is sent (it takes room before its lease).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from fleet.logs import log_context
 from fleet.registry import is_async
 from fleet.store.ledger import Lease, TakeRefused
 from fleet.worker import process, strands
-from fleet.worker.attempt import commit, perform, running, take
+from fleet.worker.attempt import commit, perform, running, take, take_recorded
 from fleet.worker.context import Attempt
 from fleet.worker.failures import refused
 from fleet.worker.replay import Replayed, replay_run
@@ -97,7 +97,13 @@ def advance_steps(rt: Runtime, run_id: str) -> int:
         replayed.send(rt)
         return 0
     replace(replayed, tasks=[t for t in replayed.tasks if t is not first]).send(rt)
-    return run_steps(rt, run_id, first.step_id)
+    if replayed.run is None:
+        return run_steps(rt, run_id, first.step_id)
+    # The run's row is the one the replay read: the step's lease is taken without
+    # reading them again (a transaction fewer for every run's first step).
+    with log_context(run_id=run_id, step_id=first.step_id):
+        att = take_recorded(rt, replayed.run, first.step_id, first.name)
+    return _chain(att, _task_limits(rt), 0)
 
 
 def _first_to_run(rt: Runtime, replayed: Replayed) -> NewTask | None:

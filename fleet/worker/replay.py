@@ -57,6 +57,9 @@ class Replayed:
     tasks: list[NewTask] = field(default_factory=list)
     children: list[NewChild] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
+    # The run's row as the replay read it (before the replay moved it on): what an
+    # attempt of a step it recorded needs of its run (pins, tenant, creation time).
+    run: RunRow | None = field(default=None, compare=False, repr=False)
 
     def send(self, rt: Runtime) -> None:
         """One message per new task step, one advance per new child run and per parent
@@ -138,7 +141,7 @@ def _replay(
         rt.ledger.resume_run(run_id)
     ctx = WorkflowContext(rt, run, history)
     # Whether the replay suspends, returns or raises, what it recorded is to be sent.
-    replayed = Replayed(run_id, run.queue, run.workflow, ctx.new_tasks, ctx.new_children)
+    replayed = Replayed(run_id, run.queue, run.workflow, ctx.new_tasks, ctx.new_children, run=run)
     try:
         # Arguments that cannot be loaded fail the run (PayloadError), once.
         args, kwargs = rt.payloads.load_call(run.args, f"arguments of run {run_id}")

@@ -22,7 +22,7 @@ from fleet.store import driver
 from fleet.store.queries import RUN_ROW, HistoryRead, read_snapshot
 from fleet.store.schema import incidents
 from fleet.testing import InlineBroker
-from fleet.worker.inline import run_steps
+from fleet.worker.inline import advance_steps, run_steps
 from tests.harness import Backend, Wire
 
 # Per step of a sequential run, once the task is under way (steps 2..n of one task).
@@ -82,6 +82,20 @@ def test_a_sequential_step_is_one_transaction_of_few_statements(
     statements, transactions = _statements_per_step(client, inline, 12)
     assert transactions == 1
     assert statements == STATEMENTS[backend.kind], statements
+
+
+def test_a_new_run_s_advance_takes_its_first_lease_without_reading_the_run_again(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """The advance that starts a run runs its first step itself with the run row its
+    replay read (``attempt.take_recorded``): five transactions for a one-step run (the
+    snapshot, queued → running, the step recorded, its lease, the commit that ends the
+    run), not six (a read of the run and the step again before the lease)."""
+    run = client.enqueue("nops", 1)
+    with counted(client) as counts:
+        ran = advance_steps(client.runtime, run.id)
+    assert ran == 1 and run.status() == "succeeded"
+    assert counts["transactions"] == 5, counts
 
 
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)
