@@ -14,7 +14,8 @@ runs on the loop, and it holds no store connection, transaction or lock then.
 The rules that keep it safe:
 - only an attempt whose body is ``async def`` leaves its slot, and a strand keeps a
   run's next step inline only if it is async too (a sync one is sent, and runs on a
-  slot): no sync body ever blocks a strand;
+  slot): no sync body ever blocks a strand (a sync reconcile hook of an async effect
+  runs on its strand's thread, briefly blocking the strand's other greenlets);
 - at most ``async_awaiting`` attempts are on the strands of a process; past that an
   async attempt stays on its slot and waits there, as it always did, so the slot's
   thread count still bounds what a full process takes, and nothing waits for room

@@ -1,5 +1,6 @@
-"""The chaos workload: one mixed workflow of ~16 steps — a sequential chain, a fan-out,
-a retry-then-succeed step and an effect against the stand-in provider.
+"""The chaos workload: one mixed workflow of ~16 steps — a sequential chain (its second
+half ``async def``), a fan-out, a retry-then-succeed step and an effect against the
+stand-in provider.
 
 Every step body appends ``start``/``end`` lines (run, step, epoch, pid, time) to the
 file named by FLEET_CHAOS_LOG, outside the store, so the harness can count executions
@@ -52,6 +53,22 @@ def crunch(ctx: StepContext, acc: int, i: int) -> int:
 
 
 @fleet.step(retry=PATIENT)
+async def acrunch(ctx: StepContext, acc: int, i: int) -> int:
+    """``crunch`` awaited: on a threads worker its attempt goes on off its slot, as a
+    greenlet on a strand (fleet/worker/strands.py), while it awaits the step time."""
+    import asyncio
+
+    _log(ctx, "start")
+    ok = False
+    try:
+        await asyncio.sleep(float(os.environ.get("FLEET_CHAOS_STEP_SECONDS", "0")))
+        ok = True
+        return (acc * 31 + i * 7 + 3) % 1_000_003
+    finally:
+        _log(ctx, "end", ok=ok)
+
+
+@fleet.step(retry=PATIENT)
 def part(ctx: StepContext, item: list[int]) -> int:
     with _body(ctx):
         acc, k = item
@@ -88,7 +105,8 @@ def charge_lookup(ctx: StepContext) -> dict[str, Any] | None:
 def mixed(wf: WorkflowContext, job: int, chain: int = 10, fan: int = 4) -> dict[str, Any]:
     acc = job
     for i in range(chain):
-        acc = int(wf.step(crunch, acc, i))
+        # The chain's second half is async: killed, frozen and fenced off its slot too.
+        acc = int(wf.step(crunch if i < chain // 2 else acrunch, acc, i))
     parts = [int(p) for p in wf.map(part, [[acc, k] for k in range(fan)])]
     fetched = int(wf.step(fetch, acc + sum(parts)))
     receipt = wf.step(charge, f"job {job}: charge {fetched % 1000}")
