@@ -173,3 +173,15 @@ def test_held_never_passes_capacity(capacity: int) -> None:
     assert taken == capacity and pool.held() == capacity
     release.set()
     assert pool.drain(10)
+
+
+def test_the_settings_are_whole_numbers_and_awaiting_may_be_zero() -> None:
+    from fleet import BadInput, Settings
+
+    assert Settings.from_env({}).async_awaiting == 1000
+    assert Settings.from_env({"FLEET_ASYNC_AWAITING": "0"}).async_awaiting == 0
+    assert Settings.from_env({"FLEET_ASYNC_STRANDS": "8"}).async_strands == 8
+    with pytest.raises(BadInput, match=r"FLEET_ASYNC_AWAITING='-1' must be a whole number of 0"):
+        Settings.from_env({"FLEET_ASYNC_AWAITING": "-1"})
+    with pytest.raises(BadInput, match=r"FLEET_ASYNC_STRANDS='0' must be a whole number of 1"):
+        Settings.from_env({"FLEET_ASYNC_STRANDS": "0"})
