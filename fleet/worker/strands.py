@@ -40,7 +40,7 @@ import greenlet
 
 log = logging.getLogger("fleet.attempt")
 
-# How often an idle strand checks that the loop its greenlets wait on is alive.
+# How often a strand checks that the loop its parked greenlets wait on is alive.
 _ALIVE_CHECK = 1.0
 
 
@@ -108,15 +108,21 @@ class Strand:
     def _serve(self) -> None:
         self._hub = greenlet.getcurrent()
         _local.strand = self
+        looked = time.monotonic()
         while True:
             try:
                 job = self._inbox.get(timeout=_ALIVE_CHECK)
             except queue.Empty:
+                job = None
+            if job is not None:
+                if isinstance(job, _Wake):
+                    self._parked.pop(job, None)  # woken: no longer an orphan to look for
+                job()
+            # Once a second, busy or not: a strand kept busy by others' wake-ups must
+            # still find the greenlets whose loop died.
+            if time.monotonic() - looked >= _ALIVE_CHECK:
+                looked = time.monotonic()
                 self._wake_orphans()
-                continue
-            if isinstance(job, _Wake):
-                self._parked.pop(job, None)  # woken: no longer an orphan to look for
-            job()
 
     def _wake_orphans(self) -> None:
         """Wake the greenlets whose loop has died: each finds its coroutine not done."""
