@@ -284,12 +284,11 @@ def median_of(batches: list[dict[str, Any]], key: str) -> float:
 
 
 def summarise(
-    result: dict[str, Any], seconds: float, kind: type[Config] = Config, target: float = 0.0
+    result: dict[str, Any], seconds: float, kind: type[Config] = Config, target: float = TARGET
 ) -> dict[str, Any]:
     """Median and spread of the batches of one configuration (a ``kind``), and the
-    verdict against ``target`` (this bench's, unless given)."""
+    verdict against ``target``."""
     cfg = kind(**result["config"])
-    target = target or TARGET
     batches = result.get("batches", [])
     ratios = [b["ratio"] for b in batches]
     med = statistics.median(ratios) if ratios else 0.0
@@ -318,13 +317,14 @@ def summarise(
 
 
 def report(
-    results: list[dict[str, Any]], seconds: float, kind: type[Config] = Config, target: float = 0.0
+    results: list[dict[str, Any]],
+    seconds: float,
+    kind: type[Config] = Config,
+    target: float = TARGET,
 ) -> list[dict[str, Any]]:
     """Print the tables; return the summaries for the JSON."""
     rows = [summarise(r, seconds, kind, target) for r in results]
-    print(
-        f"\nI/O-bound agents: {seconds:g} s steps on one host; target ratio >= {target or TARGET}"
-    )
+    print(f"\nI/O-bound agents: {seconds:g} s steps on one host; target ratio >= {target}")
     print(f"{'config':<13} {'pool, runs x steps':<28} {'limit/s':>7}  {'steps/s':<24} ratio")
     for s in rows:
         print(

@@ -814,8 +814,8 @@ def async_crowd(wf: WorkflowContext, n: int, seconds: float) -> dict[str, Any]:
     async chain's sync tail: the threads the sync ones ran on."""
     got = wf.map(anap_item, [[i, seconds] for i in range(n)])
     after_map = wf.step(where_sync, sum(got))
-    wf.step(anap, 1)  # an async step kept inline by the fan-in's advance...
-    after_chain = wf.step(where_sync, 0)  # ...then a sync one it must send to a slot
+    wf.step(anap, 1)  # kept inline by that sync step's commit, then handed to a strand...
+    after_chain = wf.step(where_sync, 0)  # ...whose commit sends this sync one to a slot
     return {"sum": sum(got), "threads": [after_map, after_chain]}
 
 

@@ -97,8 +97,6 @@ def advance_steps(rt: Runtime, run_id: str) -> int:
         replayed.send(rt)
         return 0
     replace(replayed, tasks=[t for t in replayed.tasks if t is not first]).send(rt)
-    if replayed.run is None:
-        return run_steps(rt, run_id, first.step_id)
     # The run's row is the one the replay read: the step's lease is taken without
     # reading them again (a transaction fewer for every run's first step).
     with log_context(run_id=run_id, step_id=first.step_id):

@@ -51,25 +51,23 @@ class Replayed:
     transaction that recorded them has committed (a worker given a step or run the
     store does not have yet drops it, and the sweeper sends it late)."""
 
-    run_id: str
-    queue: str
-    workflow: str
+    # The run's row as the replay read it (before the replay moved it on): where its
+    # messages go, and what an attempt of a step it recorded needs of its run (pins,
+    # tenant, creation time).
+    run: RunRow
     tasks: list[NewTask] = field(default_factory=list)
     children: list[NewChild] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
-    # The run's row as the replay read it (before the replay moved it on): what an
-    # attempt of a step it recorded needs of its run (pins, tenant, creation time).
-    run: RunRow | None = field(default=None, compare=False, repr=False)
 
     def send(self, rt: Runtime) -> None:
         """One message per new task step, one advance per new child run and per parent
         to wake; a failure to send is the sweeper's to repair."""
         for task in self.tasks:
             rt.dispatcher.execute(
-                self.run_id,
+                self.run.id,
                 task.step_id,
-                self.queue,
-                shadow=step_shadow(self.workflow, task.name),
+                self.run.queue,
+                shadow=step_shadow(self.run.workflow, task.name),
             )
         for child in self.children:
             rt.dispatcher.advance(child.run_id, child.queue)
@@ -141,7 +139,7 @@ def _replay(
         rt.ledger.resume_run(run_id)
     ctx = WorkflowContext(rt, run, history)
     # Whether the replay suspends, returns or raises, what it recorded is to be sent.
-    replayed = Replayed(run_id, run.queue, run.workflow, ctx.new_tasks, ctx.new_children, run=run)
+    replayed = Replayed(run, ctx.new_tasks, ctx.new_children)
     try:
         # Arguments that cannot be loaded fail the run (PayloadError), once.
         args, kwargs = rt.payloads.load_call(run.args, f"arguments of run {run_id}")
