@@ -47,6 +47,7 @@ from fleet.worker.workflow import NewTask
 # them; if none wait it keeps the slot and looks again this much later. A hand-back
 # costs a message through the worker's one consumer thread: 500 runs handing back every
 # 5 s with nothing waiting queued each other's for 2 s (bench.async_steps, c=500).
+# A run going on on a strand holds no slot, and is not handed back for others.
 INLINE_SECONDS = 5.0
 INLINE_RECHECK = 1.0
 
@@ -127,7 +128,10 @@ def _task_limits(rt: Runtime) -> Callable[[int], bool]:
         nonlocal deadline
         if n >= rt.settings.inline_steps or stopping.is_set():
             return False
-        if time.monotonic() < deadline:
+        # On a strand the run holds no slot that others could wait for: handing it
+        # back would only send one more message through the consumer (bench.async_steps
+        # c=500 on a slow host: every run handed back each 5 s, 0.24 of the limit).
+        if time.monotonic() < deadline or strands.current() is not None:
             return True
         if _others_wait(rt):
             return False

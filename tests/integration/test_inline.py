@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from fleet import Fleet, RunHandle
-from fleet.worker import inline
+from fleet.worker import inline, process
 from fleet.worker.dispatch import ADVANCE, EXECUTE
+from fleet.worker.strands import Strands
 from tests.harness import Backend, Cluster, InlineBroker, executions, poll
 
 
@@ -119,6 +120,28 @@ def test_past_its_time_a_run_hands_its_slot_back_when_a_message_waits(
     broker.drain()
     assert run.wait(timeout=0) == sum(i * i for i in range(4))
     assert other.wait(timeout=0) == 0
+
+
+def test_past_its_time_a_run_on_a_strand_is_not_handed_back(
+    client: Fleet, past_the_deadline: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run going on on a strand holds no slot: with a message waiting it still keeps
+    its async steps (a hand-back would only be one more message through the consumer);
+    only its sync step after them is sent, to a slot."""
+    pool = Strands()
+    pool.configure(threads=1, capacity=10)
+    monkeypatch.setattr(process.current(), "strands", pool)
+    broker = InlineBroker(client)
+    run = client.enqueue("async_chain", 4)
+    other = client.enqueue("chain", 1)  # its advance waits on the queue throughout
+    assert broker.sent[0] == (ADVANCE, [run.id])
+    broker.sent.pop(0)
+    # work#1 here; anap#1 kept and handed to the strand, which runs anap#1-#4.
+    assert inline.advance_steps(client.runtime, run.id) == 1
+    assert pool.drain(30), "the strand ran the async steps"
+    assert broker.sent == [(ADVANCE, [other.id]), (EXECUTE, [run.id, "other#1"])]
+    broker.drain()
+    assert run.wait(timeout=0) == sum(i * i for i in range(4))
 
 
 def test_past_its_time_a_run_hands_its_slot_back_when_the_broker_cannot_say(
