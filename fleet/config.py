@@ -75,6 +75,10 @@ class Settings:
     # an awaiting step holds no thread. Past it they wait on their slots; 0: always.
     async_awaiting: int = 1000
     async_strands: int = 4
+    # A worker keeps up to this many runs' workflows suspended between their advances
+    # (fleet/worker/live.py), so a long run's next step costs no replay of its history;
+    # 0: every advance replays from the top.
+    live_runs: int = 256
     # 0: derived from the lease (see ``visibility_timeout``).
     visibility_timeout_seconds: float = 0.0
     # FLEET_RETENTION (``30d``): the sweeper prunes runs finished longer ago than this many
@@ -111,6 +115,7 @@ class Settings:
             db_pool_max=_count(env, "FLEET_DB_POOL_MAX", cls.db_pool_max),
             async_awaiting=_count(env, "FLEET_ASYNC_AWAITING", cls.async_awaiting, least=0),
             async_strands=_count(env, "FLEET_ASYNC_STRANDS", cls.async_strands),
+            live_runs=_count(env, "FLEET_LIVE_RUNS", cls.live_runs, least=0),
             retention=env_duration(env, "FLEET_RETENTION"),
             max_fanout=_count(env, "FLEET_MAX_FANOUT", cls.max_fanout),
             max_steps=_count(env, "FLEET_MAX_STEPS", cls.max_steps),

@@ -933,3 +933,71 @@ def async_notify(wf: WorkflowContext, how: str, body: str, die_after: bool = Fal
     sender = {"idempotent": asend_idempotent, "reconciled": asend_reconciled}[how]
     wf.step(work, 1)
     return dict(wf.step(sender, body, die_after))
+
+
+# --- live runs (fleet/worker/live.py) ---------------------------------------------------
+
+# How many times each run's workflow function was entered in this process: once per
+# advance when replayed from the top, once per thread when kept live.
+ENTERED: dict[str, int] = {}
+
+
+def _entered(wf: WorkflowContext) -> None:
+    ENTERED[wf.run_id] = ENTERED.get(wf.run_id, 0) + 1
+
+
+@fleet.workflow(version="1")
+def counted(wf: WorkflowContext, n: int) -> int:
+    """``n`` sequential steps; counts its entries."""
+    _entered(wf)
+    return sum(wf.step(nop, i) for i in range(n))
+
+
+@fleet.workflow(version="1")
+def lively(wf: WorkflowContext) -> dict[str, Any]:
+    """Every kind of call a workflow makes, in one run: a step, a map, a parallel of a
+    step and a child, a recorded value, a transcript, a wait, a started child's result."""
+    _entered(wf)
+    started = wf.now()
+    first = wf.step(nop, 1)
+    squares = wf.map(nop, [2, 3, 4])
+    both = wf.parallel(wf.call(nop, 5), wf.call(kid, 6))
+    chat = wf.transcript()
+    chat.append({"role": "user", "content": "hi"})
+    chat.append(wf.step(hear, chat))
+    later = wf.start_child(kid, 7)
+    decision = wf.wait_for("go")
+    return {
+        "first": first,
+        "squares": squares,
+        "both": both,
+        "heard": len(chat),
+        "decision": decision,
+        "later": later.result(),
+        "random": wf.random() < 1.0,
+        "clock": wf.now() >= started,
+    }
+
+
+@fleet.workflow(version="1")
+def counted_approval(wf: WorkflowContext) -> Any:
+    """work, a wait for approval, work; counts its entries."""
+    _entered(wf)
+    wf.step(work, 1)
+    decision = wf.wait_for("approval")
+    wf.step(work, 2)
+    return decision
+
+
+@fleet.workflow(version="1")
+def forgiving(wf: WorkflowContext) -> str:
+    """Catches a dead step and goes on to a wait."""
+    _entered(wf)
+    caught = "nothing"
+    try:
+        wf.step(refuse, "permission denied")
+    except StepFailed as exc:
+        caught = exc.step_id
+    wf.step(nop, 1)
+    wf.wait_for("go")
+    return f"caught {caught}"

@@ -26,7 +26,6 @@ import contextvars
 import inspect
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -36,6 +35,7 @@ from fleet.registry import is_async
 from fleet.worker import strands
 from fleet.worker.context import LeaseLost
 from fleet.worker.heartbeat import Heartbeat
+from fleet.worker.runtime import under_gevent
 
 log = logging.getLogger("fleet.attempt")
 
@@ -171,11 +171,6 @@ async def _contained(coro: Coroutine[Any, Any, Any]) -> Any:
         raise RuntimeError(f"the step raised {type(exc).__name__}") from exc
 
 
-def _under_gevent() -> bool:
-    monkey = sys.modules.get("gevent.monkey")
-    return monkey is not None and bool(monkey.is_module_patched("threading"))
-
-
 class Runner:
     """How one attempt calls the user's functions (its body, its reconcile hook): an
     ``async def`` on the process's loop while this thread waits, a sync one here. Each
@@ -188,7 +183,7 @@ class Runner:
 
     def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if is_async(fn):
-            if _under_gevent():
+            if under_gevent():
                 raise NonRetryable(
                     f"step {self._step!r} is `async def`, which a gevent pool cannot run: "
                     "run its worker with --pool threads or prefork"

@@ -104,27 +104,28 @@ class ChildHandle:
 
     run_id: str
     step_id: str
-    _rec: StepRow | None
-    _outcome: Callable[[StepRow | None], Any]
+    _pos: int  # the child step's position in the run's history
+    _settled: Callable[[int, str], Any]
 
     def result(self) -> Any:
-        return self._outcome(self._rec)
+        return self._settled(self._pos, self.step_id)
 
 
 class Children:
     """``WorkflowContext``'s calls that start child runs. It uses the context's replay
     mechanics (fleet/worker/workflow.py): a position reserved and checked (``_expect``),
-    steps recorded (``_record``), a recorded step's outcome (``_outcome``)."""
+    steps recorded (``_record``), a recorded step's outcome (``_settled``)."""
 
     if TYPE_CHECKING:
         run_id: str
         _rt: Runtime
         _run: RunRow
+        _pos: int
 
         def _next_id(self, name: str, key: str | None) -> str: ...
         def _expect(self, step_id: str, name: str) -> StepRow | None: ...
         def _record(self, new: list[NewStep], last: bool = False) -> None: ...
-        def _outcome(self, rec: StepRow | None) -> Any: ...
+        def _settled(self, pos: int, step_id: str) -> Any: ...
 
     def child(
         self,
@@ -171,7 +172,8 @@ class Children:
         rec = self._expect(step_id, wd.name)
         if rec is None:
             self._record([self._new_child(wd, step_id, args, kwargs, budget, detached)], last)
-        return ChildHandle(child_run_id(self.run_id, step_id), step_id, rec, self._outcome)
+        run_id = child_run_id(self.run_id, step_id)
+        return ChildHandle(run_id, step_id, self._pos - 1, self._settled)
 
     def _new_child(
         self,

@@ -169,6 +169,10 @@ class Conversations:
         self.compactions: list[NewCompaction] = []
         self._producers: dict[int, tuple[Any, str, str | None]] = {}
 
+    def rebind(self, rt: Runtime) -> None:
+        """A live workflow's later advance: read and store through its runtime."""
+        self._rt = rt
+
     def open(self, name: str) -> Transcript:
         check_name(name, "transcript")
         found = self._open.get(name)

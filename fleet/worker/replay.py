@@ -2,8 +2,10 @@
 
 The workflow function runs from the top on every advance (``WorkflowContext``,
 fleet/worker/workflow.py), so a run resumes at its first unfinished step, whichever
-worker replays it. This module drives it: checks the pin, starts or resumes the run,
-and records where the replay stopped (its next steps, its wait, or its end).
+worker replays it; where this thread keeps the run's workflow parked from its last
+advance (fleet/worker/live.py), it is resumed where it stood instead, which is the
+same. This module drives it: checks the pin, starts or resumes the run, and records
+where the replay stopped (its next steps, its wait, or its end).
 
 The replay records and never sends: ``replay_run`` returns the new task steps it
 recorded (``Replayed``) and its caller sends them once what recorded them has
@@ -31,8 +33,9 @@ from fleet.states import Incident, RunStatus
 from fleet.store.ledger import NewChild
 from fleet.store.queries import Snapshot
 from fleet.store.rows import RunRow
+from fleet.worker import live as lives
 from fleet.worker.runtime import Runtime
-from fleet.worker.workflow import NewTask, Suspend, WorkflowContext
+from fleet.worker.workflow import PARKED, NewTask, Suspend, WorkflowContext
 
 log = logging.getLogger("fleet.replay")
 
@@ -129,6 +132,8 @@ def _replay(
     run, history = snapshot
     status = RunStatus(run.status)
     if status not in _REPLAYABLE:
+        if status.finished:
+            lives.RUNS.discard(run_id)
         return None
     wf = pinned_workflow(rt, run)
     if wf is None:
@@ -137,14 +142,25 @@ def _replay(
         rt.ledger.start_run(run_id)
     elif status is RunStatus.WAITING:
         rt.ledger.resume_run(run_id)
-    ctx = WorkflowContext(rt, run, history)
+    live = lives.RUNS.take(rt, run, history, wf)
+    if live is not None:
+        ctx = live.ctx
+        ctx.rebind(rt, run, history)
+    else:
+        ctx = WorkflowContext(rt, run, history)
     # Whether the replay suspends, returns or raises, what it recorded is to be sent.
     replayed = Replayed(run, ctx.new_tasks, ctx.new_children)
     try:
-        # Arguments that cannot be loaded fail the run (PayloadError), once.
-        args, kwargs = rt.payloads.load_call(run.args, f"arguments of run {run_id}")
+        if live is None:
+            # Arguments that cannot be loaded fail the run (PayloadError), once.
+            args, kwargs = rt.payloads.load_call(run.args, f"arguments of run {run_id}")
+            live = lives.start(rt, wf, ctx, args, kwargs)
+        else:
+            args, kwargs = live.args, live.kwargs
         redact.watch((args, kwargs))
-        result = wf.fn(ctx, *args, **kwargs)
+        result = wf.fn(ctx, *args, **kwargs) if live is None else live.run()
+        if result is PARKED:
+            raise Suspend
         if ctx._pos < len(ctx._history):
             raise NonDeterminism(
                 f"non-determinism in run {run_id}: the workflow returned after {ctx._pos} steps "
@@ -162,6 +178,8 @@ def _replay(
             rt.ledger.set_waiting(run_id, run.wake_seq)
         if not ctx.answered:
             rt.ledger.mark_advanced(run_id, run.wake_seq)
+        if live is not None:
+            lives.keep_once_committed(rt, live)
         return replayed
     except NonDeterminism as exc:
         # What it appended before the mismatch is not written: the history stays as it was.

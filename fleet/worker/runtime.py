@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,3 +45,9 @@ class Runtime:
         # Per process: Celery's prefork children each hold their own leases.
         base = self.settings.worker_name or socket.gethostname()
         return f"{base}:{os.getpid()}"
+
+
+def under_gevent() -> bool:
+    """This process runs a gevent pool: threads, locks and sockets are greenlets' ones."""
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and bool(monkey.is_module_patched("threading"))

@@ -3,30 +3,38 @@ workflow function (see CONTRACT.md).
 
 The workflow function runs from the top on every replay. A step already recorded as
 done returns its recorded output at once; the first step not yet done stops the
-replay (``Suspend``), after recording it if it is new. Each call is checked against
+replay (``_park``), after recording it if it is new. Each call is checked against
 the history at its position (``_expect``: ``NonDeterminism`` otherwise). What the
 replay recorded is left in ``new_tasks`` for the driver (``fleet/worker/replay.py``)
 to send once it has committed.
+
+Stopping has two forms. A replayed workflow unwinds (``Suspend``). A live one (run in
+a greenlet, fleet/worker/live.py) parks where it stands, and a later advance hands it
+that advance's history (``rebind``) and resumes it there: the rows of the positions it
+parked on are read again, the rows before them are ``done`` rows, which never change.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+import greenlet
+
 from fleet import codec
-from fleet.errors import BranchesFailed, ChildFailed, LimitExceeded, NonDeterminism, StepFailed
-from fleet.registry import StepDef, WorkflowDef, check_name
+from fleet.errors import ChildFailed, LimitExceeded, NonDeterminism, StepFailed
+from fleet.registry import StepDef, check_name
 from fleet.states import StepKind, StepStatus
 from fleet.store.ledger import NewChild, NewCompaction, NewStep
 from fleet.store.rows import RunRow, StepRow
 from fleet.transcripts import DEFAULT, summary_messages
 from fleet.worker.children import Children
 from fleet.worker.conversation import Compacted, Conversations, Transcript, Window
+from fleet.worker.fanout import Fanouts
 from fleet.worker.runtime import Runtime
 
 MAX_STEP_ID = 300
@@ -42,6 +50,10 @@ class Suspend(BaseException):
     """
 
 
+# What a live workflow's greenlet hands its driver when it parks (see ``_park``).
+PARKED = object()
+
+
 def _is(rec: StepRow, step_id: str, name: str) -> bool:
     """The recorded step is the one the replay asks for at its position."""
     return rec.step_id == step_id and rec.name == name
@@ -54,25 +66,6 @@ def _seconds(value: timedelta | float | None) -> float | None:
 
 
 @dataclass(frozen=True)
-class Call:
-    """One branch of ``wf.parallel``, described by ``wf.call``: a step (or a workflow,
-    run as a child) and its arguments; ``key`` names its step (default: positional)."""
-
-    fn: StepDef | WorkflowDef | str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    key: str | None = None
-
-
-def _not_a_call(given: object) -> str:
-    """What ``parallel`` says when given something other than a ``wf.call``."""
-    name = getattr(given, "name", None)
-    if isinstance(given, StepDef | WorkflowDef) and isinstance(name, str):
-        return f"parallel() takes wf.call(...) descriptions, not {name!r}: wf.call({name}, ...)"
-    return f"parallel() takes wf.call(...) descriptions, got {given!r:.100}"
-
-
-@dataclass(frozen=True)
 class NewTask:
     """A task step a replay recorded: a worker must be told to execute it."""
 
@@ -80,9 +73,10 @@ class NewTask:
     name: str
 
 
-class WorkflowContext(Children):
+class WorkflowContext(Children, Fanouts):
     """The first argument of a workflow function (see CONTRACT.md); its child runs'
-    calls (``child``, ``start_child``) are in fleet/worker/children.py."""
+    calls (``child``, ``start_child``) are in fleet/worker/children.py, its fan-outs
+    (``map``, ``call``, ``parallel``) in fleet/worker/fanout.py."""
 
     def __init__(self, rt: Runtime, run: RunRow, history: Sequence[StepRow]) -> None:
         self.run_id: str = run.id
@@ -102,6 +96,27 @@ class WorkflowContext(Children):
         self.talk = Conversations(rt, run)  # its transcripts and their new messages
         self._run = run
         self.new_children: list[NewChild] = []  # child runs recorded: each needs an advance
+        # Live (fleet/worker/live.py): run in a greenlet that parks instead of unwinding.
+        self.live = False
+        # Handed a dead step's error: a replayed dead letter can undo that, so this
+        # context is not kept live past its advance.
+        self.dirty = False
+        # Where it parked: the first position and the step ids it waits on.
+        self.parked: tuple[int, tuple[str, ...]] | None = None
+
+    def rebind(self, rt: Runtime, run: RunRow, history: Sequence[StepRow]) -> None:
+        """Hand a parked live context a later advance: its runtime (bound to that
+        advance's transaction), the run's row and history as it read them. What it
+        recorded is that advance's to send."""
+        self._rt = rt
+        self._run = run
+        self._history = history
+        self._wake_seq = run.wake_seq
+        self.new_tasks = []
+        self.new_children = []
+        self.waiting = False
+        self.answered = False
+        self.talk.rebind(rt)
 
     # --- the public surface -----------------------------------------------------
 
@@ -125,67 +140,7 @@ class WorkflowContext(Children):
         rec = self._expect(step_id, name)
         if rec is None:
             self._record([self._new_task(sd, step_id, args, kwargs)], last=True)
-            raise Suspend
-        return self._outcome(rec)
-
-    def map(
-        self,
-        fn: StepDef | str,
-        items: Iterable[Any],
-        key: str | Callable[[Any], str] | None = None,
-        return_exceptions: bool = False,
-    ) -> list[Any]:
-        """One step per item, run in parallel; results in order, once every item has
-        settled (a dead item raises only then: no sibling is left pending).
-
-        ``key`` names the items: a prefix (``key#1``, ``key#2``…) or a function of the item.
-        With ``return_exceptions`` a dead item stands in the list as its ``StepFailed``.
-        """
-        sd = self._rt.registry.step(fn)
-        items = list(items)
-        self._check_fanout(len(items))
-        ids = []
-        for item in items:
-            item_key = key(item) if callable(key) else None
-            prefix = key if isinstance(key, str) else sd.name
-            ids.append(item_key if item_key is not None else self._positional(prefix))
-        recs = [self._expect(step_id, sd.name) for step_id in ids]
-        new = [
-            self._new_task(sd, step_id, (item,), {})
-            for step_id, item, rec in zip(ids, items, recs, strict=True)
-            if rec is None
-        ]
-        return self._gather(recs, new, return_exceptions)
-
-    def call(
-        self, fn: StepDef | WorkflowDef | str, *args: Any, key: str | None = None, **kwargs: Any
-    ) -> Call:
-        """Describe one branch of ``parallel``: a step, or a child workflow, with its
-        arguments. Nothing runs until ``parallel`` is given it."""
-        return Call(fn, args, kwargs, key)
-
-    def parallel(self, *calls: Call, return_exceptions: bool = False) -> list[Any]:
-        """Run different steps (or child workflows), each described by ``wf.call``, at
-        once; results in order, once every branch has settled. A dead branch raises its
-        ``StepFailed`` (a child's ``ChildFailed``); several dead: ``BranchesFailed`` naming
-        them all. With ``return_exceptions`` each dead branch stands in the list instead."""
-        self._check_fanout(len(calls))
-        recs: list[StepRow | None] = []
-        new: list[NewStep] = []
-        for call in calls:
-            if not isinstance(call, Call):
-                raise TypeError(_not_a_call(call))
-            target = self._target(call.fn)
-            step_id = self._next_id(target.name, call.key)
-            rec = self._expect(step_id, target.name)
-            recs.append(rec)
-            if rec is not None:
-                continue
-            if isinstance(target, WorkflowDef):
-                new.append(self._new_child(target, step_id, call.args, call.kwargs))
-            else:
-                new.append(self._new_task(target, step_id, call.args, call.kwargs))
-        return self._gather(recs, new, return_exceptions)
+        return self._outcome(rec, self._pos - 1, step_id)
 
     def wait_for(self, name: str, timeout: timedelta | float | None = None) -> Any:
         """Suspend the run until a signal called ``name`` arrives (its payload is
@@ -234,6 +189,7 @@ class WorkflowContext(Children):
         sd = self._rt.registry.step(fn)
         step_id = self._next_id(sd.name, key)
         rec = self._expect(step_id, sd.name)
+        pos = self._pos - 1
         transcript.compactions += 1
         number = transcript.compactions
         if rec is None:
@@ -245,8 +201,7 @@ class WorkflowContext(Children):
             )
             source = Window(transcript, base, upto, start)
             self._record([self._new_task(sd, step_id, (source,), {})], last=True)
-            raise Suspend
-        summary = summary_messages(self._outcome(rec))
+        summary = summary_messages(self._outcome(rec, pos, step_id))
         transcript.compacted = Compacted(number, upto, step_id, summary)
         return list(summary)
 
@@ -259,50 +214,6 @@ class WorkflowContext(Children):
         return float(self._value("random", random.random))
 
     # --- replay mechanics -------------------------------------------------------
-
-    def _gather(
-        self, recs: Sequence[StepRow | None], new: list[NewStep], return_exceptions: bool
-    ) -> list[Any]:
-        """The results of a fan-out's branches, in order, once all have settled. New
-        branches are recorded together (one fan-out) and the replay stops; so it does
-        while any branch is still pending or running, even if another is already dead:
-        a fan-out raises only once nothing of it can still run."""
-        if new:
-            self._record(new, last=True)
-            raise Suspend
-        if any(rec is None or not rec.status.finished for rec in recs):
-            raise Suspend
-        results: list[Any] = []
-        dead: list[StepFailed] = []
-        for rec in recs:
-            assert rec is not None
-            try:
-                results.append(self._outcome(rec))
-            except StepFailed as exc:
-                dead.append(exc)
-                results.append(exc)
-        if dead and not return_exceptions:
-            if len(dead) == 1:
-                raise dead[0]
-            raise BranchesFailed(dead) from dead[0]
-        return results
-
-    def _check_fanout(self, branches: int) -> None:
-        limit = self._rt.settings.max_fanout
-        if branches > limit:
-            raise LimitExceeded(
-                f"a fan-out of {branches} branches in run {self.run_id} is over "
-                f"FLEET_MAX_FANOUT={limit}"
-            )
-
-    def _target(self, fn: StepDef | WorkflowDef | str) -> StepDef | WorkflowDef:
-        """What a ``wf.call`` names: a registered step, or a workflow to run as a child."""
-        registry = self._rt.registry
-        if isinstance(fn, WorkflowDef):
-            return registry.workflow(fn)
-        if isinstance(fn, str) and fn not in registry.steps and fn in registry.workflows:
-            return registry.workflows[fn]
-        return registry.step(fn)
 
     def _positional(self, name: str) -> str:
         n = self._counts.get(name, 0) + 1
@@ -384,35 +295,57 @@ class WorkflowContext(Children):
         )
         self.new_children.extend(s.child for s in positioned if s.child is not None)
 
-    def _outcome(self, rec: StepRow | None) -> Any:
-        if rec is None:  # recorded by this replay: not settled yet
-            raise Suspend
+    def _outcome(self, rec: StepRow | None, pos: int, step_id: str) -> Any:
+        """The outcome of the step at ``pos`` (``rec``: its row, None if this replay
+        recorded it), once it has settled: its output, or its error raised."""
+        while rec is None or not rec.status.finished:
+            (rec,) = self._park(pos, (step_id,))
         if rec.status is _DONE:
             return self.talk.output(rec)
-        if rec.status == StepStatus.DEAD and rec.kind == StepKind.CHILD:
+        self.dirty = True
+        if rec.kind == StepKind.CHILD:
             raise ChildFailed(rec.step_id, rec.error or "child run failed", rec.attempts)
-        if rec.status == StepStatus.DEAD:
-            raise StepFailed(rec.step_id, rec.error or "dead-lettered", rec.attempts)
-        raise Suspend
+        raise StepFailed(rec.step_id, rec.error or "dead-lettered", rec.attempts)
+
+    def _settled(self, pos: int, step_id: str) -> Any:
+        """``_outcome`` of the step at ``pos`` as this advance's history has it (a
+        child's handle may be asked long after it was started)."""
+        rec = self._history[pos] if pos < len(self._history) else None
+        return self._outcome(rec, pos, step_id)
+
+    def _park(self, start: int, ids: Sequence[str]) -> Sequence[StepRow]:
+        """Stop here until the steps ``ids`` at positions ``start``… have moved on.
+        Replayed: unwind (``Suspend``). Live: park the greenlet; a later advance
+        resumes it with its own history (``rebind``), whose rows at those positions are
+        returned (the driver has checked they are these steps)."""
+        if not self.live:
+            raise Suspend
+        self.parked = (start, tuple(ids))
+        greenlet.getcurrent().parent.switch(PARKED)
+        self.parked = None
+        return self._history[start : start + len(ids)]
 
     def _wait(self, name: str, spec: dict[str, Any], delay: float | None) -> Any:
         step_id = self._positional(name)
         rec = self._expect(step_id, name)
+        pos = self._pos - 1
         if rec is None:
             payload = codec.encode({**spec, "timeout": delay}, what=step_id, limit=1024)
             self._record([NewStep(step_id, -1, name, StepKind.WAIT, payload, 1, delay=delay)])
             # A signal that came before this wait is waiting for it already.
             if "signal" in spec and self._rt.ledger.deliver_signals(self.run_id):
                 rec = self._rt.queries.step(self.run_id, step_id)
-        if rec is not None and rec.status is _DONE:
-            return self._rt.payloads.output(rec)
-        self.waiting = True
-        raise Suspend
+        while rec is None or rec.status is not _DONE:
+            self.waiting = True
+            (rec,) = self._park(pos, (step_id,))
+        return self._rt.payloads.output(rec)
 
     def _value(self, name: str, make: Callable[[], Any]) -> Any:
         step_id = self._positional(name)
         rec = self._expect(step_id, name)
         if rec is not None:
+            if rec.status is not _DONE:
+                self.dirty = True
             return codec.decode(rec.output)
         output = codec.encode(make(), what=step_id, limit=1024)
         self._record([NewStep(step_id, -1, name, StepKind.VALUE, "{}", 1, output)])

@@ -1,11 +1,15 @@
 """Fan-outs scale linearly (issue 16): a branch that settles before the last of its
 fan-out neither wakes nor replays the run; the last one does, exactly once, however
 the branches settle (done, dead, a dead letter replayed) and however many commit at
-once. Replays are counted by the workflow itself (``tests/flows.py::counted_fan``)."""
+once. Replays are counted by the workflow itself (``tests/flows.py::counted_fan``), so
+here every advance replays it from the top (``FLEET_LIVE_RUNS=0``): a parked workflow
+resumed is not entered again (fleet/worker/live.py), and these tests count advances."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,9 +17,19 @@ from sqlalchemy import select, text
 
 from fleet import Fleet
 from fleet.store.schema import fanouts, runs
-from tests.harness import Backend, InlineBroker, executions, poll
+from tests.harness import Backend, InlineBroker, client_for, executions, poll
 
 N = 50
+
+
+@pytest.fixture
+def client(backend: Backend) -> Iterator[Fleet]:
+    """The test workflows on ``backend``, every advance a replay from the top."""
+    base = client_for(backend)
+    fleet = base.with_settings(replace(base.settings, live_runs=0))
+    yield fleet
+    fleet.runtime.db.dispose()
+    base.runtime.db.dispose()
 
 
 def replays(backend: Backend, run_id: str) -> int:

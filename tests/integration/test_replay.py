@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet import Fleet, RunFailed
+from fleet.worker import live
 from fleet.worker.replay import advance
 from tests.harness import Backend, InlineBroker, starts
 
@@ -48,6 +49,7 @@ def test_changed_step_sequence_is_a_non_determinism_error(
     run = client.enqueue("drifting", str(marker))
     inline.drain(until=lambda: any(s.id == "work#2" for s in run.steps()))
     marker.write_text("the code changed between replays")
+    live.RUNS.clear()  # a code change is a new process: it keeps no parked workflow
     advance(client.runtime, run.id)
     with pytest.raises(RunFailed) as failed:
         run.wait(timeout=5)

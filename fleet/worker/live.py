@@ -1,0 +1,204 @@
+"""Live runs: a run's workflow kept suspended in the worker between its advances.
+
+A replay runs the workflow function from the top over the run's recorded outputs, so
+an advance costs time in proportion to the run's length. A live run's workflow runs in
+a greenlet instead: where a replay would unwind (``Suspend``) it parks
+(``WorkflowContext._park``), and this process keeps it. The run's next advance on the
+same thread hands it that advance's history and resumes it where it parked, whatever
+the run's length (Temporal's sticky workflow cache does the same for its workers).
+
+What the resumed workflow goes on to do is exactly what a replay from the top over the
+same history would do:
+- everything it was handed before the positions it parked on came from ``done`` rows,
+  and a done row never changes (the argument of fleet/store/history.py); a context
+  that was handed a dead step's error (``dirty``) is not kept, since a replayed dead
+  letter turns that step back to pending;
+- the rows of the positions it parked on are read again from the new history, which
+  ``take`` first checks has those very steps there, and every position it reserved;
+- it is the same run (id and creation time: retention may delete a finished run and
+  the id be enqueued again), the same workflow of the same registry and store;
+- it is kept only once the transaction its advance wrote in has committed
+  (``after_commit``): a workflow that went on past writes that rolled back is dropped,
+  never resumed.
+Anything else (another process or thread, an entry dropped for room, a check that
+fails) replays from the top, which stays the recovery path every kill test exercises.
+
+A greenlet resumes only on the thread that made it, so entries are kept per thread
+(and one whose thread died, its ident taken by another, is refused by ``bind``).
+Not on a gevent pool, where every task is a greenlet of one thread and a store call
+switches greenlets under the workflow: there every advance replays. At most
+``FLEET_LIVE_RUNS`` entries per process, the least recently parked dropped first; a
+dropped greenlet is unwound by the greenlet library (``GreenletExit``) on its thread.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import greenlet
+
+from fleet.registry import WorkflowDef
+from fleet.store.engine import after_commit
+from fleet.store.rows import RunRow, StepRow
+from fleet.worker.runtime import Runtime, under_gevent
+from fleet.worker.workflow import WorkflowContext
+
+
+@dataclass(eq=False)
+class Live:
+    """One run's workflow, started or parked in a greenlet of ``thread``."""
+
+    ctx: WorkflowContext
+    wf: WorkflowDef
+    args: list[Any]
+    kwargs: dict[str, Any]
+    rt: Runtime  # the runtime it was started with: its registry and store must match
+    created_at: float
+    thread: int = field(default_factory=threading.get_ident)
+    glet: greenlet.greenlet | None = None
+
+    def run(self) -> Any:
+        """Start or resume the workflow here until it parks (``PARKED``), returns (its
+        result) or raises (its exception, raised here)."""
+        if self.glet is None:
+            self.ctx.live = True
+            self.glet = greenlet.greenlet(self._body)
+        self.glet.parent = greenlet.getcurrent()
+        # It sees this advance's context variables (its log context, its redactor).
+        self.glet.gr_context = contextvars.copy_context()
+        return self.glet.switch()
+
+    def bind(self) -> bool:
+        """Make the greenlet that is running now the one it parks back to; False if it
+        cannot be (its thread died and another got the same ident: the greenlet
+        library refuses a parent on another thread)."""
+        assert self.glet is not None
+        try:
+            self.glet.parent = greenlet.getcurrent()
+        except (ValueError, greenlet.error):
+            return False
+        return True
+
+    def _body(self) -> Any:
+        return self.wf.fn(self.ctx, *self.args, **self.kwargs)
+
+    @property
+    def parked(self) -> bool:
+        return self.glet is not None and not self.glet.dead and self.ctx.parked is not None
+
+    def fits(self, rt: Runtime, run: RunRow, history: Sequence[StepRow]) -> bool:
+        """It may be resumed for this advance of ``run`` over ``history``."""
+        ctx = self.ctx
+        if ctx.parked is None or ctx.dirty:
+            return False
+        if self.created_at != run.created_at:
+            return False
+        if self.rt.registry is not rt.registry or self.rt.db is not rt.db:
+            return False
+        if len(history) < ctx._pos:  # a position it reserved is not in the history
+            return False
+        start, ids = ctx.parked
+        return all(history[start + i].step_id == step_id for i, step_id in enumerate(ids))
+
+    def drop(self) -> None:
+        """Never resume it: a park while it unwinds raises ``Suspend`` instead."""
+        self.ctx.live = False
+
+
+class LiveRuns:
+    """This process's parked workflows, by run id and thread."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[str, int], Live] = OrderedDict()
+        self._lock = threading.Lock()
+        self.resumed = 0  # advances that resumed a parked workflow, for the benchmarks
+
+    def take(
+        self, rt: Runtime, run: RunRow, history: Sequence[StepRow], wf: WorkflowDef
+    ) -> Live | None:
+        """This thread's parked workflow of ``run``, taken out, if it may be resumed for
+        this advance; None: replay from the top (and any entry that did not fit is
+        dropped)."""
+        with self._lock:
+            live = self._entries.pop((run.id, threading.get_ident()), None)
+        if live is None:
+            return None
+        if live.wf is not wf or not live.fits(rt, run, history) or not live.bind():
+            live.drop()
+            return None
+        self.resumed += 1
+        return live
+
+    def holds(self, run_id: str) -> bool:
+        """This thread keeps a parked workflow of the run."""
+        with self._lock:
+            return (run_id, threading.get_ident()) in self._entries
+
+    def discard(self, run_id: str) -> None:
+        """Drop this thread's parked workflow of a run that will not be advanced again."""
+        with self._lock:
+            live = self._entries.pop((run_id, threading.get_ident()), None)
+        if live is not None:
+            live.drop()
+
+    def keep(self, live: Live, limit: int) -> None:
+        """Keep a parked workflow for the run's next advance on this thread."""
+        dropped: list[Live] = []
+        with self._lock:
+            key = (live.ctx.run_id, live.thread)
+            old = self._entries.pop(key, None)
+            if old is not None and old is not live:
+                dropped.append(old)
+            self._entries[key] = live
+            while len(self._entries) > limit:
+                dropped.append(self._entries.popitem(last=False)[1])
+        for entry in dropped:
+            entry.drop()
+
+    def clear(self) -> None:
+        with self._lock:
+            entries = list(self._entries.values())
+            self._entries.clear()
+        for entry in entries:
+            entry.drop()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+RUNS = LiveRuns()
+# A forked child (Celery's prefork pool) keeps none of its parent's greenlets.
+os.register_at_fork(after_in_child=RUNS.clear)
+
+
+def start(
+    rt: Runtime,
+    wf: WorkflowDef,
+    ctx: WorkflowContext,
+    args: list[Any],
+    kwargs: dict[str, Any],
+) -> Live | None:
+    """A workflow to run live, if this process keeps live runs (None: replay it)."""
+    if rt.settings.live_runs <= 0 or under_gevent():
+        return None
+    return Live(ctx, wf, args, kwargs, rt, ctx._run.created_at)
+
+
+def keep_once_committed(rt: Runtime, live: Live) -> None:
+    """Keep ``live`` once what its advance wrote has committed: at once if each write
+    was its own transaction, else when ``rt``'s transaction commits (never if it rolls
+    back)."""
+    if not live.parked or live.ctx.dirty:
+        return
+    limit = rt.settings.live_runs
+    tx = rt.ledger.tx
+    if tx is None:
+        RUNS.keep(live, limit)
+    else:
+        after_commit(tx.conn, lambda: RUNS.keep(live, limit))
