@@ -1,11 +1,16 @@
-"""Benchmark 6 of issue #7 — long runs: the cost of one advance (a replay over the
-recorded history) at step 10, 100, 1,000 and 5,000 of one sequential run.
+"""Benchmark 6 of issue #7 — long runs: the cost of one step and of one advance at
+step 10, 100, 1,000, 2,000 and 5,000 of one sequential run (issue #19: the last step
+as cheap as the 10th).
 
     .venv/bin/python -m bench.long_runs [--steps 5000] [--reps 3] [--store sqlite postgres]
+                                        [--live 256 0]
 
 Steps are executed in this process (wake-ups kept in a list, no worker processes), so
-the figure is the engine's own: load the run and its steps, replay the workflow,
-record nothing new. At each mark the replay is timed ``--reps`` times.
+the figure is the engine's own. At each mark: the ``--reps`` steps from there are
+timed whole (lease, body, the commit with the advance that records the next step),
+then ``--reps`` extra advances (load the run and its steps, replay or resume the
+workflow, record nothing new). ``--live``: the FLEET_LIVE_RUNS values to compare, each
+a whole run (0: every advance replays the workflow from the top).
 """
 
 from __future__ import annotations
@@ -34,21 +39,30 @@ def _database(store: str) -> Iterator[str]:
             yield f"sqlite:///{folder}/fleet.db"
 
 
-def measure(url: str, steps: int, reps: int) -> tuple[dict[int, list[float]], float]:
-    """Milliseconds per advance at each mark, and the whole run's seconds."""
+Timings = dict[int, list[float]]
+
+
+def measure(url: str, steps: int, reps: int, live_runs: int) -> tuple[Timings, Timings, float]:
+    """Milliseconds per step and per advance at each mark, and the whole run's seconds."""
     from tests import flows
     from tests.harness import InlineBroker
 
     broker_dir = tempfile.mkdtemp(prefix="fleet-bench-broker-")
     settings = Settings.from_env(
-        {"FLEET_DATABASE_URL": url, "FLEET_BROKER_URL": f"filesystem:///{broker_dir}"}
+        {
+            "FLEET_DATABASE_URL": url,
+            "FLEET_BROKER_URL": f"filesystem:///{broker_dir}",
+            "FLEET_LIVE_RUNS": str(live_runs),
+        }
     )
     client = flows.fleet.with_settings(settings)
     client.upgrade_schema()
     broker = InlineBroker(client)
-    run = client.enqueue("chain", steps)
+    run = client.enqueue("chain", steps + reps)  # the last mark times --reps steps too
     started = time.perf_counter()
-    timings: dict[int, list[float]] = {}
+    timings: Timings = {}
+    step_ms: Timings = {}
+    timed: list[float] | None = None  # the steps being timed from the last mark
     executed = 0
     while broker.sent:
         task, args = broker.sent.pop(0)
@@ -58,13 +72,19 @@ def measure(url: str, steps: int, reps: int) -> tuple[dict[int, list[float]], fl
         executed += 1
         if executed in MARKS:
             timings[executed] = []
-            for _ in range(reps):  # extra replays at this point, timed; they record nothing
+            for _ in range(reps):  # extra advances at this point, timed; they record nothing
                 t0 = time.perf_counter()
                 advance(client.runtime, args[0])
                 timings[executed].append((time.perf_counter() - t0) * 1000)
+            timed = step_ms[executed] = []
+        t0 = time.perf_counter()
         execute(client.runtime, args[0], args[1])
+        if timed is not None:
+            timed.append((time.perf_counter() - t0) * 1000)
+            if len(timed) == reps:
+                timed = None
     assert run.status() == "succeeded", run.status()
-    return timings, time.perf_counter() - started
+    return step_ms, timings, time.perf_counter() - started
 
 
 def main() -> None:
@@ -72,16 +92,28 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5000)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--store", nargs="+", default=["sqlite", "postgres"])
+    p.add_argument("--live", nargs="+", type=int, default=[256, 0])
     a = p.parse_args()
-    results = {}
+    results: dict[str, dict[str, object]] = {}
     for store in a.store:
-        with _database(store) as url:
-            timings, total = measure(url, a.steps, a.reps)
-        results[store] = {"ms_per_advance": {str(k): v for k, v in timings.items()}, "run_s": total}
-        print(f"{store}: one run of {a.steps} steps in {total:.1f}s (in process)")
-        for mark, ms in timings.items():
-            print(f"  advance at step {mark:>5}: {spread(ms)} ms")
-    save("long_runs", {"steps": a.steps, "reps": a.reps, "stores": results})
+        for live_runs in a.live:
+            with _database(store) as url:
+                steps, timings, total = measure(url, a.steps, a.reps, live_runs)
+            results[f"{store} live={live_runs}"] = {
+                "ms_per_step": {str(k): v for k, v in steps.items()},
+                "ms_per_advance": {str(k): v for k, v in timings.items()},
+                "run_s": total,
+            }
+            print(
+                f"{store}, FLEET_LIVE_RUNS={live_runs}: one run of {a.steps} steps "
+                f"in {total:.1f}s (in process)"
+            )
+            for mark, ms in timings.items():
+                print(
+                    f"  at step {mark:>5}: a step {spread(steps[mark])} ms, "
+                    f"an advance {spread(ms)} ms"
+                )
+    save("long_runs", {"steps": a.steps, "reps": a.reps, "runs": results})
 
 
 if __name__ == "__main__":
