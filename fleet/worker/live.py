@@ -43,8 +43,8 @@ from typing import Any
 
 import greenlet
 
-from fleet.registry import WorkflowDef
-from fleet.store.engine import after_commit
+from fleet.registry import Registry, WorkflowDef
+from fleet.store.engine import Database, after_commit
 from fleet.store.rows import RunRow, StepRow
 from fleet.worker.runtime import Runtime, under_gevent
 from fleet.worker.workflow import WorkflowContext
@@ -58,7 +58,8 @@ class Live:
     wf: WorkflowDef
     args: list[Any]
     kwargs: dict[str, Any]
-    rt: Runtime  # the runtime it was started with: its registry and store must match
+    registry: Registry  # the runtime's it was started with: a resume's must be the same
+    db: Database
     created_at: float
     thread: int = field(default_factory=threading.get_ident)
     glet: greenlet.greenlet | None = None
@@ -99,7 +100,7 @@ class Live:
             return False
         if self.created_at != run.created_at:
             return False
-        if self.rt.registry is not rt.registry or self.rt.db is not rt.db:
+        if self.registry is not rt.registry or self.db is not rt.db:
             return False
         if len(history) < ctx._pos:  # a position it reserved is not in the history
             return False
@@ -187,7 +188,7 @@ def start(
     """A workflow to run live, if this process keeps live runs (None: replay it)."""
     if rt.settings.live_runs <= 0 or under_gevent():
         return None
-    return Live(ctx, wf, args, kwargs, rt, ctx._run.created_at)
+    return Live(ctx, wf, args, kwargs, rt.registry, rt.db, ctx._run.created_at)
 
 
 def keep_once_committed(rt: Runtime, live: Live) -> None:

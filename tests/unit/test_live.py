@@ -1,0 +1,70 @@
+"""The checks that decide whether a parked workflow may be resumed (fleet/worker/live.py),
+and the bound on how many a process keeps; with stand-ins for the context and rows."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from fleet.worker.live import Live, LiveRuns
+
+REGISTRY, DB = object(), object()
+
+
+def _parked(start: int, ids: tuple[str, ...], pos: int, dirty: bool = False) -> Live:
+    ctx: Any = SimpleNamespace(run_id="r", parked=(start, ids), _pos=pos, dirty=dirty, live=True)
+    return Live(ctx, wf=Any, args=[], kwargs={}, registry=REGISTRY, db=DB, created_at=1.0)  # type: ignore[arg-type]
+
+
+def _history(*ids: str) -> list[Any]:
+    return [SimpleNamespace(step_id=i) for i in ids]
+
+
+RT: Any = SimpleNamespace(registry=REGISTRY, db=DB)
+RUN: Any = SimpleNamespace(created_at=1.0)
+
+
+def test_a_parked_workflow_fits_the_history_that_holds_its_steps() -> None:
+    assert _parked(1, ("b#1",), 2).fits(RT, RUN, _history("a#1", "b#1"))
+    assert _parked(1, ("b#1",), 2).fits(RT, RUN, _history("a#1", "b#1", "c#1"))
+    assert _parked(1, ("b#1", "b#2"), 3).fits(RT, RUN, _history("a#1", "b#1", "b#2"))
+
+
+def test_it_does_not_fit_another_run_of_the_same_id() -> None:
+    again: Any = SimpleNamespace(created_at=2.0)  # pruned, then enqueued again
+    assert not _parked(1, ("b#1",), 2).fits(RT, again, _history("a#1", "b#1"))
+
+
+def test_it_does_not_fit_a_history_without_what_it_reserved() -> None:
+    # A record that rolled back, say: the position it parked on is not there.
+    assert not _parked(1, ("b#1",), 2).fits(RT, RUN, _history("a#1"))
+    assert not _parked(1, ("b#1", "b#2"), 3).fits(RT, RUN, _history("a#1", "b#1"))
+
+
+def test_it_does_not_fit_a_history_with_other_steps_where_it_parked() -> None:
+    assert not _parked(1, ("b#1",), 2).fits(RT, RUN, _history("a#1", "x#1"))
+
+
+def test_a_context_handed_a_dead_step_never_fits() -> None:
+    assert not _parked(1, ("b#1",), 2, dirty=True).fits(RT, RUN, _history("a#1", "b#1"))
+
+
+def test_it_does_not_fit_another_registry_or_store() -> None:
+    other: Any = SimpleNamespace(registry=object(), db=DB)
+    assert not _parked(1, ("b#1",), 2).fits(other, RUN, _history("a#1", "b#1"))
+    other = SimpleNamespace(registry=REGISTRY, db=object())
+    assert not _parked(1, ("b#1",), 2).fits(other, RUN, _history("a#1", "b#1"))
+
+
+def test_a_process_keeps_at_most_its_limit_and_drops_the_least_recent() -> None:
+    runs = LiveRuns()
+    kept = []
+    for run_id in ("a", "b", "c"):
+        live = _parked(0, ("s#1",), 1)
+        live.ctx.run_id = run_id
+        runs.keep(live, limit=2)
+        kept.append(live)
+    assert len(runs) == 2
+    assert not runs.holds("a") and runs.holds("b") and runs.holds("c")
+    # A dropped one is never resumed: if it parks again while it unwinds, it raises.
+    assert kept[0].ctx.live is False and kept[2].ctx.live is True
