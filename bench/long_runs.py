@@ -9,8 +9,10 @@ Steps are executed in this process (wake-ups kept in a list, no worker processes
 the figure is the engine's own. At each mark: the ``--reps`` steps from there are
 timed whole (lease, body, the commit with the advance that records the next step),
 then ``--reps`` extra advances (load the run and its steps, replay or resume the
-workflow, record nothing new). ``--live``: the FLEET_LIVE_RUNS values to compare, each
-a whole run (0: every advance replays the workflow from the top).
+workflow, record nothing new). ``--warm N``: one earlier run of N steps first, then
+(Postgres) ``ANALYZE``, so the plans are a used database's. ``--live``: the
+FLEET_LIVE_RUNS values to compare, each a whole run (0: every advance replays the
+workflow from the top).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import contextlib
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from bench.common import save, services, spread
-from fleet import Settings
+from fleet import Fleet, Settings
 from fleet.worker.attempt import execute
 from fleet.worker.replay import advance
 
@@ -42,7 +45,29 @@ def _database(store: str) -> Iterator[str]:
 Timings = dict[int, list[float]]
 
 
-def measure(url: str, steps: int, reps: int, live_runs: int) -> tuple[Timings, Timings, float]:
+def _warm(client: Fleet, broker: Any, steps: int) -> None:
+    """A database that has seen work: one earlier run of ``steps`` steps, then the
+    planner's statistics refreshed (Postgres), as autovacuum has done on any database
+    older than a minute or so. A brand-new one has the statistics of empty tables: the
+    planner may then look a step up by its run alone (``uq_steps_seq``) and filter the
+    run's every row, a cost that grows with the run."""
+    client.enqueue("chain", steps)
+    while broker.sent:
+        task, args = broker.sent.pop(0)
+        if task == "fleet.advance":
+            advance(client.runtime, args[0])
+        else:
+            execute(client.runtime, args[0], args[1])
+    db = client.runtime.db
+    if db.dialect == "postgresql":
+        with db.engine.connect() as conn:
+            conn.exec_driver_sql("ANALYZE")
+            conn.commit()
+
+
+def measure(
+    url: str, steps: int, reps: int, live_runs: int, warm: int = 0
+) -> tuple[Timings, Timings, float]:
     """Milliseconds per step and per advance at each mark, and the whole run's seconds."""
     from tests import flows
     from tests.harness import InlineBroker
@@ -58,6 +83,8 @@ def measure(url: str, steps: int, reps: int, live_runs: int) -> tuple[Timings, T
     client = flows.fleet.with_settings(settings)
     client.upgrade_schema()
     broker = InlineBroker(client)
+    if warm:
+        _warm(client, broker, warm)
     run = client.enqueue("chain", steps + reps)  # the last mark times --reps steps too
     started = time.perf_counter()
     timings: Timings = {}
@@ -93,12 +120,13 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--store", nargs="+", default=["sqlite", "postgres"])
     p.add_argument("--live", nargs="+", type=int, default=[256, 0])
+    p.add_argument("--warm", type=int, default=0, help="steps of an earlier run first")
     a = p.parse_args()
     results: dict[str, dict[str, object]] = {}
     for store in a.store:
         for live_runs in a.live:
             with _database(store) as url:
-                steps, timings, total = measure(url, a.steps, a.reps, live_runs)
+                steps, timings, total = measure(url, a.steps, a.reps, live_runs, a.warm)
             results[f"{store} live={live_runs}"] = {
                 "ms_per_step": {str(k): v for k, v in steps.items()},
                 "ms_per_advance": {str(k): v for k, v in timings.items()},

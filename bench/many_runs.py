@@ -5,7 +5,11 @@ independent raw Celery no-op tasks (``acks_late``, no result backend, same Redis
 drained by 2 raw Celery worker processes with the same pool and concurrency, timed
 from the first publish until the queue and the unacknowledged set are both empty.
 
-    .venv/bin/python -m bench.many_runs [--reps 3] [--runs 200]
+    .venv/bin/python -m bench.many_runs [--reps 3] [--runs 200] [--live 0]
+
+Beside the rates, the CPU the whole machine spent per step and per task, and by kind of
+process (``bench/cpu.py``): both sides keep the 2 cores busy, so their ratio of CPU per
+unit is the ratio of rates they allow.
 
 A measurement, never a test: nothing here asserts on time.
 """
@@ -19,6 +23,7 @@ from typing import Any
 
 from bench import raw_celery
 from bench.common import save, services, spread, wait_until
+from bench.cpu import CpuMeter
 from bench.drivers import (
     POOLS,
     SUCCEEDED,
@@ -34,19 +39,24 @@ WORKERS = 2
 TARGET = 0.8
 
 
-def measure_fleet(runs: int, concurrency: int, pool: str) -> tuple[float, float]:
-    """``runs`` runs of ``ten()`` on 2 fleet workers: (steps/s, seconds spent enqueueing)."""
+def measure_fleet(
+    runs: int, concurrency: int, pool: str, **env: str
+) -> tuple[float, float, CpuMeter]:
+    """``runs`` runs of ``ten()`` on 2 fleet workers: (steps/s, seconds spent enqueueing,
+    the CPU the machine spent meanwhile)."""
     with services("many") as svc:
         client = fleet_client(svc)
         clock = RunClock(svc)
-        with fleet_workers(svc, WORKERS, concurrency, pool):
+        with fleet_workers(svc, WORKERS, concurrency, pool, **env):
+            cpu = CpuMeter().start()
             started = time.perf_counter()
             run_ids = [client.enqueue("ten").id for _ in range(runs)]
             enqueued = time.perf_counter() - started
             seconds = clock.wait(run_ids, timeout=240)
+            cpu.stop()
         clock.close()
         client.runtime.db.dispose()
-    return runs * STEPS_PER_RUN / seconds, enqueued
+    return runs * STEPS_PER_RUN / seconds, enqueued, cpu
 
 
 def _drained(redis: Any) -> bool:
@@ -62,33 +72,44 @@ def _succeeded(procs: list[Any]) -> int:
     return sum(p.output().count(SUCCEEDED) for p in procs)
 
 
-def measure_celery(tasks: int, concurrency: int, pool: str) -> tuple[float, float]:
+def measure_celery(tasks: int, concurrency: int, pool: str) -> tuple[float, float, CpuMeter]:
     """``tasks`` independent no-op tasks on 2 raw Celery workers: (steps/s, seconds spent
-    publishing). Checks afterwards, from the workers' logs, that every task ran."""
+    publishing, the CPU the machine spent meanwhile). Checks afterwards, from the
+    workers' logs, that every task ran."""
     with services("manyraw") as svc:
         noop = celery_app(svc).tasks["raw.noop"]
         redis = svc.redis()
         with celery_workers(svc, WORKERS, concurrency, pool) as procs:
+            cpu = CpuMeter().start()
             started = time.perf_counter()
             for i in range(tasks):
                 noop.delay(i)
             published = time.perf_counter() - started
             wait_until(lambda: _drained(redis), 240, "the raw Celery queue", interval=0.01)
             seconds = time.perf_counter() - started
+            cpu.stop()
             wait_until(lambda: _succeeded(procs) >= tasks, 30, f"{tasks} tasks in the logs")
-    return tasks / seconds, published
+    return tasks / seconds, published, cpu
 
 
-def one_rep(runs: int, concurrency: int, pool: str) -> dict[str, Any]:
-    fleet, fleet_enqueue = measure_fleet(runs, concurrency, pool)
-    celery, celery_publish = measure_celery(runs * STEPS_PER_RUN, concurrency, pool)
-    return {
+def one_rep(runs: int, concurrency: int, pool: str, **env: str) -> dict[str, Any]:
+    steps = runs * STEPS_PER_RUN
+    fleet, fleet_enqueue, fleet_cpu = measure_fleet(runs, concurrency, pool, **env)
+    celery, celery_publish, celery_cpu = measure_celery(steps, concurrency, pool)
+    out = {
         "fleet_steps_per_s": fleet,
         "fleet_enqueue_s": fleet_enqueue,
         "celery_steps_per_s": celery,
         "celery_publish_s": celery_publish,
         "fleet/celery": fleet / celery,
     }
+    # The floor: both sides keep the cores busy, so each one's rate is bounded by what
+    # one unit of its work costs the whole machine.
+    for side, cpu in (("fleet", fleet_cpu), ("celery", celery_cpu)):
+        for kind, ms in cpu.per_unit_ms(steps).items():
+            out[f"{side}_cpu_ms_{kind}"] = ms
+    out["cpu_ratio"] = out["celery_cpu_ms_machine"] / out["fleet_cpu_ms_machine"]
+    return out
 
 
 def report(reps: list[dict[str, Any]]) -> dict[str, str]:
@@ -106,6 +127,16 @@ def report(reps: list[dict[str, Any]]) -> dict[str, str]:
             spread(col["fleet/celery"], "{:.2f}"),
             f"target >= {TARGET}: {'met' if ok else 'MISSED'}",
         ),
+        *(
+            (f"  CPU per unit, ms: {name}", spread(col[name], "{:.2f}"), "")
+            for name in col
+            if "_cpu_ms_" in name
+        ),
+        (
+            "celery CPU / fleet CPU per unit",
+            spread(col["cpu_ratio"], "{:.2f}"),
+            "the ratio both CPU-bound sides allow",
+        ),
     ]
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
@@ -119,7 +150,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--pool", choices=POOLS, default="threads")
+    parser.add_argument("--live", type=int, help="the workers' FLEET_LIVE_RUNS (0: replay)")
     args = parser.parse_args()
+    env = {} if args.live is None else {"FLEET_LIVE_RUNS": str(args.live)}
     print(
         f"many runs: {args.runs} runs x {STEPS_PER_RUN} no-op steps vs "
         f"{args.runs * STEPS_PER_RUN} raw Celery tasks, {WORKERS} workers each "
@@ -127,7 +160,7 @@ def main() -> None:
     )
     reps = []
     for i in range(args.reps):
-        reps.append(one_rep(args.runs, args.concurrency, args.pool))
+        reps.append(one_rep(args.runs, args.concurrency, args.pool, **env))
         r = reps[-1]
         print(
             f"  rep {i + 1}: fleet {r['fleet_steps_per_s']:.0f} steps/s, "
