@@ -132,6 +132,11 @@ class Redactor:
             self._revealed.add(value)
             self._own = None
 
+    def revealed(self) -> frozenset[str]:
+        """The values revealed in this attempt or replay (a live workflow carries them
+        to its later advances, which do not run the code that revealed them again)."""
+        return frozenset(self._revealed)
+
     def watch(self, value: Any) -> None:
         """Also mask the values of the secrets held in ``value`` (an input): read from
         this process's environment only when a text is masked, which most attempts

@@ -445,10 +445,15 @@ def quote_secret(ctx: StepContext, key: Secret, how: str) -> None:
 
 @fleet.workflow(version="1")
 def leaky_secret(wf: WorkflowContext, how: str) -> None:
-    """``quote_secret``; with how="workflow", the workflow itself quotes the value."""
+    """``quote_secret``; with how="workflow", the workflow itself quotes the value; with
+    how="later", it reveals it, runs a step, and quotes it in a later advance."""
     key = Secret.env("FLEET_TEST_SECRET")
     if how == "workflow":
         raise ValueError(f"the workflow saw {key.reveal()}")
+    if how == "later":
+        seen = key.reveal()
+        wf.step(nop, 1)
+        raise ValueError(f"the workflow saw {seen} before its step")
     wf.step(quote_secret, key, how)
 
 

@@ -168,6 +168,9 @@ class Conversations:
         self.messages: list[NewMessage] = []
         self.compactions: list[NewCompaction] = []
         self._producers: dict[int, tuple[Any, str, str | None]] = {}
+        # The recorded size of the outputs handed out (and kept alive above): roughly
+        # what a live workflow holds (fleet/worker/live.py bounds it).
+        self.held_bytes = 0
 
     def rebind(self, rt: Runtime) -> None:
         """A live workflow's later advance: read and store through its runtime."""
@@ -193,6 +196,7 @@ class Conversations:
         if value is _NOT_HELD:
             value = self._rt.payloads.output(rec)
         self._producers[id(value)] = (value, step_id, rec.output)
+        self.held_bytes += len(rec.output or "")
         return value
 
     def _held(self, step_id: str) -> Any:

@@ -27,8 +27,10 @@ A greenlet resumes only on the thread that made it, so entries are kept per thre
 (and one whose thread died, its ident taken by another, is refused by ``bind``).
 Not on a gevent pool, where every task is a greenlet of one thread and a store call
 switches greenlets under the workflow: there every advance replays. At most
-``FLEET_LIVE_RUNS`` entries per process, the least recently parked dropped first; a
-dropped greenlet is unwound by the greenlet library (``GreenletExit``) on its thread.
+``FLEET_LIVE_RUNS`` entries per process, holding at most ``MAX_BYTES`` of recorded
+outputs between them (a parked workflow keeps every output it was handed alive, as
+the workflow itself often does), the least recently parked dropped first; a dropped
+greenlet is unwound by the greenlet library (``GreenletExit``) on its thread.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ from fleet.store.rows import RunRow, StepRow
 from fleet.worker.runtime import Runtime, under_gevent
 from fleet.worker.workflow import WorkflowContext
 
+# What the parked workflows of one process may hold between them, in recorded bytes of
+# the outputs they were handed (the history cache's bound, fleet/store/history.py).
+MAX_BYTES = 64 * 1024 * 1024
+
 
 @dataclass(eq=False)
 class Live:
@@ -63,6 +69,9 @@ class Live:
     created_at: float
     thread: int = field(default_factory=threading.get_ident)
     glet: greenlet.greenlet | None = None
+    # The secret values its workflow revealed in earlier advances: each advance's
+    # redactor masks them too, as a replay that revealed them again would.
+    revealed: frozenset[str] = frozenset()
 
     def run(self) -> Any:
         """Start or resume the workflow here until it parks (``PARKED``), returns (its
@@ -115,8 +124,10 @@ class Live:
 class LiveRuns:
     """This process's parked workflows, by run id and thread."""
 
-    def __init__(self) -> None:
-        self._entries: OrderedDict[tuple[str, int], Live] = OrderedDict()
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[str, int], tuple[Live, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
         self.resumed = 0  # advances that resumed a parked workflow, for the benchmarks
 
@@ -126,8 +137,7 @@ class LiveRuns:
         """This thread's parked workflow of ``run``, taken out, if it may be resumed for
         this advance; None: replay from the top (and any entry that did not fit is
         dropped)."""
-        with self._lock:
-            live = self._entries.pop((run.id, threading.get_ident()), None)
+        live = self._pop((run.id, threading.get_ident()))
         if live is None:
             return None
         if live.wf is not wf or not live.fits(rt, run, history) or not live.bind():
@@ -141,33 +151,53 @@ class LiveRuns:
         with self._lock:
             return (run_id, threading.get_ident()) in self._entries
 
+    def _pop(self, key: tuple[str, int]) -> Live | None:
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                return None
+            self._bytes -= entry[1]
+            return entry[0]
+
     def discard(self, run_id: str) -> None:
         """Drop this thread's parked workflow of a run that will not be advanced again."""
-        with self._lock:
-            live = self._entries.pop((run_id, threading.get_ident()), None)
+        live = self._pop((run_id, threading.get_ident()))
         if live is not None:
             live.drop()
 
     def keep(self, live: Live, limit: int) -> None:
-        """Keep a parked workflow for the run's next advance on this thread."""
+        """Keep a parked workflow for the run's next advance on this thread, dropping the
+        least recently parked past ``limit`` entries or ``max_bytes`` (one that alone
+        holds more is not kept: replaying it is cheaper than holding it)."""
+        size = live.ctx.talk.held_bytes
         dropped: list[Live] = []
         with self._lock:
             key = (live.ctx.run_id, live.thread)
             old = self._entries.pop(key, None)
-            if old is not None and old is not live:
-                dropped.append(old)
-            self._entries[key] = live
-            while len(self._entries) > limit:
-                dropped.append(self._entries.popitem(last=False)[1])
+            if old is not None:
+                self._bytes -= old[1]
+                if old[0] is not live:
+                    dropped.append(old[0])
+            self._entries[key] = (live, size)
+            self._bytes += size
+            while self._entries and (len(self._entries) > limit or self._bytes > self.max_bytes):
+                gone, gone_size = self._entries.popitem(last=False)[1]
+                self._bytes -= gone_size
+                dropped.append(gone)
         for entry in dropped:
             entry.drop()
 
     def clear(self) -> None:
         with self._lock:
-            entries = list(self._entries.values())
+            entries = [live for live, _ in self._entries.values()]
             self._entries.clear()
+            self._bytes = 0
         for entry in entries:
             entry.drop()
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
 
     def __len__(self) -> int:
         return len(self._entries)

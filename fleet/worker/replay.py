@@ -157,6 +157,8 @@ def _replay(
             live = lives.start(rt, wf, ctx, args, kwargs)
         else:
             args, kwargs = live.args, live.kwargs
+            for value in live.revealed:
+                redact.add(value)
         redact.watch((args, kwargs))
         result = wf.fn(ctx, *args, **kwargs) if live is None else live.run()
         if result is PARKED:
@@ -179,6 +181,7 @@ def _replay(
         if not ctx.answered:
             rt.ledger.mark_advanced(run_id, run.wake_seq)
         if live is not None:
+            live.revealed = redact.revealed()
             lives.keep_once_committed(rt, live)
         return replayed
     except NonDeterminism as exc:

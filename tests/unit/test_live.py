@@ -11,8 +11,11 @@ from fleet.worker.live import Live, LiveRuns
 REGISTRY, DB = object(), object()
 
 
-def _parked(start: int, ids: tuple[str, ...], pos: int, dirty: bool = False) -> Live:
-    ctx: Any = SimpleNamespace(run_id="r", parked=(start, ids), _pos=pos, dirty=dirty, live=True)
+def _parked(start: int, ids: tuple[str, ...], pos: int, dirty: bool = False, held: int = 0) -> Live:
+    talk = SimpleNamespace(held_bytes=held)
+    ctx: Any = SimpleNamespace(
+        run_id="r", parked=(start, ids), _pos=pos, dirty=dirty, live=True, talk=talk
+    )
     return Live(ctx, wf=Any, args=[], kwargs={}, registry=REGISTRY, db=DB, created_at=1.0)  # type: ignore[arg-type]
 
 
@@ -68,3 +71,18 @@ def test_a_process_keeps_at_most_its_limit_and_drops_the_least_recent() -> None:
     assert not runs.holds("a") and runs.holds("b") and runs.holds("c")
     # A dropped one is never resumed: if it parks again while it unwinds, it raises.
     assert kept[0].ctx.live is False and kept[2].ctx.live is True
+
+
+def test_a_process_holds_at_most_its_bytes_of_outputs() -> None:
+    runs = LiveRuns(max_bytes=100)
+    for run_id, held in (("a", 40), ("b", 40), ("c", 40)):
+        live = _parked(0, ("s#1",), 1, held=held)
+        live.ctx.run_id = run_id
+        runs.keep(live, limit=10)
+    assert not runs.holds("a") and runs.holds("b") and runs.holds("c")
+    assert runs.held_bytes == 80
+    big = _parked(0, ("s#1",), 1, held=101)
+    big.ctx.run_id = "big"
+    runs.keep(big, limit=10)
+    assert len(runs) == 0 and runs.held_bytes == 0, "one over the bound alone is not kept"
+    assert big.ctx.live is False
