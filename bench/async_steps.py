@@ -15,6 +15,7 @@ async`` starts a batch's runs with concurrent ``aenqueue`` calls instead of one
     .venv/bin/python -m bench.async_steps [--reps 2] [--only "async c=100,async c=500"]
     .venv/bin/python -m bench.async_steps --reps 2 --enqueue async --only "async c=500"
     .venv/bin/python -m bench.async_steps --reps 1 --runs 20 --steps 2   # smoke test
+    .venv/bin/python -m bench.async_steps --only "async c=500" --env FLEET_ASYNC_STRANDS=8
 
 Workers load this module (``-A bench.async_steps``). No sweeper. One Redis database
 (``--redis-db``, 14 by default). Figures printed and written to
@@ -146,14 +147,19 @@ def measure(
 
 
 def run_config(
-    cfg: AsyncConfig, reps: int, seconds: float, redis_db: int, how: str
+    cfg: AsyncConfig,
+    reps: int,
+    seconds: float,
+    redis_db: int,
+    how: str,
+    worker_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A fresh store and worker for ``cfg``: a warm-up batch, then ``reps`` measured."""
     with services(f"async_{cfg.concurrency}", redis_db=redis_db) as svc:
         client = fleet.with_settings(Settings.from_env(svc.env()))
         client.upgrade_schema()
         argv = worker_argv(APP, cfg.concurrency, cfg.pool)
-        env = {"FLEET_ASYNC_AWAITING": str(cfg.awaiting)}
+        env = {"FLEET_ASYNC_AWAITING": str(cfg.awaiting), **(worker_env or {})}
         with processes(svc, [("worker1", argv)], WORKER_READY, **env) as procs:
             pids = [p.pid for p in procs]
             small = replace(cfg, runs=min(20, cfg.runs), steps=1)
@@ -178,7 +184,15 @@ def main() -> None:
         default="sync",
         help="the batch's runs enqueued one after another (sync) or at once (aenqueue)",
     )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the worker (FLEET_ASYNC_STRANDS=8, say); repeatable",
+    )
     args = p.parse_args()
+    worker_env = dict(e.partition("=")[::2] for e in args.env)
     configs = [
         replace(c, runs=args.runs or c.runs, steps=args.steps or c.steps)
         for c in CONFIGS
@@ -188,7 +202,9 @@ def main() -> None:
     results = []
     for cfg in configs:
         print(f"{cfg.label}: {cfg.runs} runs x {cfg.steps} steps, {args.reps} rep(s)...")
-        results.append(run_config(cfg, args.reps, args.seconds, args.redis_db, args.enqueue))
+        results.append(
+            run_config(cfg, args.reps, args.seconds, args.redis_db, args.enqueue, worker_env)
+        )
     summary = io_report(results, args.seconds, AsyncConfig, TARGET)
     print("peak attempts awaiting at once (warm-up, then each batch):")
     for label, peaks in PEAKS.items():

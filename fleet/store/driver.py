@@ -137,6 +137,13 @@ def send(conn: Connection, stmt: Any, params: Params) -> wire.Pending:
     return pending
 
 
+def commit_sent(conn: Connection) -> None:
+    """In a transaction fleet began (Postgres), send its COMMIT now, with what ``send``
+    left pending, in one round trip; its own end then sends nothing more. Only for a
+    transaction that runs nothing after this. Elsewhere nothing: it commits at its end."""
+    wire.finish(conn)
+
+
 def _as_rows(result: Any) -> Rows:
     if isinstance(result, Rows):
         return result

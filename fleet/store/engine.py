@@ -236,6 +236,8 @@ class Database:
         self._pool_size: int | None = None
         self.history = HistoryCache()
         self.messages = MessageCache()
+        # Whether a call's own transaction goes on the wire as ``transaction``'s do.
+        self._wired = parse_url(url).get_backend_name() == "postgresql"
 
     @property
     def engine(self) -> Engine:
@@ -270,6 +272,13 @@ class Database:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
+    @property
+    def wired(self) -> bool:
+        """Postgres: a transaction's BEGIN and COMMIT are sent with its statements
+        (fleet/store/wire.py), so a statement ``driver.send`` leaves pending goes out
+        with the COMMIT of a call's own transaction too."""
+        return self._wired
+
     @contextmanager
     def begin(self, tx: Transaction | None = None, *, read: bool = False) -> Iterator[Connection]:
         """A transaction of its own, committed on leaving; with ``tx``, a part of that
@@ -278,6 +287,13 @@ class Database:
         ``StoreUnavailable``."""
         if tx is not None:
             with self._within(tx) as conn:
+                yield conn
+            return
+        if self._wired:
+            # On Postgres a call's own transaction is sent as ``transaction`` sends one:
+            # its BEGIN with the first statements, its COMMIT with the last ones, so a
+            # single write whose answer can wait is one round trip, not three.
+            with self.transaction() as own, self._within(own) as conn:
                 yield conn
             return
         committed: list[Callable[[], None]] = []

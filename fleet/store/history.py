@@ -45,6 +45,9 @@ class HistoryCache:
         self.max_bytes = max_bytes
         self._runs: OrderedDict[str, tuple[tuple[StepRow, ...], int]] = OrderedDict()
         self._bytes = 0
+        # Run id → the key (id and creation time) of its newest entry: what a read that
+        # has yet to learn the run's creation time can guess (``HistoryRead.guess``).
+        self._keys: dict[str, str] = {}
         self._lock = threading.Lock()
         self.hits = 0  # rows served from the cache, for the benchmarks
         self.outputs = DecodedOutputs()
@@ -58,8 +61,13 @@ class HistoryCache:
             self.hits += len(entry[0])
             return entry[0]
 
+    def key_of(self, run_id: str) -> str | None:
+        """The key of the entry last kept for a run of this id, if one is kept."""
+        return self._keys.get(run_id)
+
     def extend(self, run_id: str, prefix: tuple[StepRow, ...], tail: Sequence[StepRow]) -> None:
-        """Keep ``prefix`` plus the leading finished rows of ``tail`` (rows read after it)."""
+        """Keep ``prefix`` plus the leading finished rows of ``tail`` (rows read after it).
+        ``run_id``: the entry's key, the run's id and creation time (``HistoryRead``)."""
         done = 0
         while done < len(tail) and tail[done].status == StepStatus.DONE:
             done += 1
@@ -79,13 +87,17 @@ class HistoryCache:
                 size = sum(_size(r) for r in rows)
             self._runs[run_id] = (rows, size)
             self._bytes += size
+            self._keys[run_id.partition("\x00")[0]] = run_id
             while self._runs and (len(self._runs) > self.max_runs or self._bytes > self.max_bytes):
-                _, (_, evicted) = self._runs.popitem(last=False)
+                key, (_, evicted) = self._runs.popitem(last=False)
                 self._bytes -= evicted
+                if self._keys.get(owner := key.partition("\x00")[0]) == key:
+                    del self._keys[owner]
 
     def clear(self) -> None:
         with self._lock:
             self._runs.clear()
+            self._keys.clear()
             self._bytes = 0
         self.outputs.clear()
 

@@ -14,7 +14,8 @@ method follows one shape:
    miss: the deciding statement has already checked what they depend on.
 
 This module holds the run transitions, waits and signals, and the steps a replay
-records; ``step_ledger`` an attempt's transitions and effects; ``upkeep`` the writes
+records; ``family`` a run's cancel and what a run that ends owes its parent and
+children; ``step_ledger`` an attempt's transitions and effects; ``upkeep`` the writes
 that change no status (the sweeper's claims, incidents, blobs, spend, retention).
 """
 
@@ -24,17 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import Executable
 
-from fleet.errors import StoreUnavailable
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store import audit, derived, driver, fused
 from fleet.store import messages as transcripts
 from fleet.store import transitions as sql
-from fleet.store.engine import retryable
+from fleet.store.family import Family
 from fleet.store.messages import NewCompaction, NewMessage
-from fleet.store.step_ledger import Committed, Lease, ReplayRefused, StepLedger, TakeRefused
+from fleet.store.step_ledger import Committed, Lease, ReplayRefused, TakeRefused
 from fleet.store.upkeep import DEAD_MESSAGE_MAX_BYTES, DUE_WAITS
 
 __all__ = [
@@ -85,12 +84,7 @@ class NewChild:
     tenant: str | None = None  # a child run's is its parent's, read by CREATE_RUN
 
 
-# How many generations of children a run that ends cancels with it, at most.
-MAX_GENERATIONS = 64
-CANCEL_TRIES = 3  # a cancel Postgres aborted to break a deadlock is tried again
-
-
-class Ledger(StepLedger):
+class Ledger(Family):
     """Every write to the store. Methods return whether their transition applied."""
 
     # --- runs -----------------------------------------------------------------
@@ -136,76 +130,15 @@ class Ledger(StepLedger):
         stmt = sql.FINISH_RUN[status]
         with self.db.begin(self.tx) as conn:
             params = {"b_run": run_id, "b_output": result, "b_error": error}
-            if conn.execute(stmt, params).rowcount != 1:
+            family = driver.run(conn, stmt, params).first()
+            if family is None:
                 return False
-            conn.execute(sql.REVOKE_LEASES, {"b_run": run_id})
-            self._ended(conn, run_id, status, result if status is RunStatus.SUCCEEDED else error)
+            # Sent, not waited for: it goes out with the COMMIT (fleet/store/wire.py).
+            driver.send(conn, sql.REVOKE_LEASES, {"b_run": run_id})
+            if family.parent_id is not None or family.live_children:
+                text = result if status is RunStatus.SUCCEEDED else error
+                self._ended(conn, run_id, status, text, parent=family)
             return True
-
-    def cancel_run(self, run_id: str, reason: str, action: audit.Action | None = None) -> bool:
-        """cancel_run: any live state → cancelled. Leases of running steps are revoked in
-        the same transaction (revoke_lease: running → pending, epoch+1), so their commits
-        are fenced and their heartbeats fail; no step of a cancelled run can take a
-        lease, and no advance replays it. False: the run had finished already.
-
-        It locks the run, then its children; a child finishing at that moment locks
-        itself, then its parent. Postgres breaks that deadlock by aborting one side: if
-        it is this one, the cancel is tried again (a few times), never half-applied."""
-        for tries_left in reversed(range(CANCEL_TRIES)):
-            try:
-                return self._cancel_once(run_id, reason, action)
-            except StoreUnavailable as exc:
-                if self.tx is not None or not tries_left or not retryable(exc):
-                    raise
-        raise AssertionError("unreachable")
-
-    def _cancel_once(self, run_id: str, reason: str, action: audit.Action | None) -> bool:
-        with self.db.begin(self.tx) as conn:
-            params = {"b_run": run_id, "b_error": f"cancelled: {reason}"}
-            if conn.execute(sql.CANCEL_RUN, params).rowcount != 1:
-                return False  # not live: finished (or cancelled) already
-            conn.execute(sql.REVOKE_LEASES, {"b_run": run_id})
-            self._ended(conn, run_id, RunStatus.CANCELLED, reason)
-            self._audit(conn, action, run_id)
-            return True
-
-    def _ended(self, conn: Connection, run_id: str, status: RunStatus, text: str | None) -> None:
-        """What a run that has just ended owes its family, in its transaction: its
-        parent's child step takes its outcome (the parent is woken), and its live
-        children that are not detached are cancelled, theirs too, each settling its
-        parent's step: a run that ends leaves nothing of its own running."""
-        self._settle_parent(conn, run_id, status, text)
-        why = f"parent run {run_id} {'cancelled' if status is RunStatus.CANCELLED else 'ended'}"
-        generation = [run_id]
-        for _ in range(MAX_GENERATIONS):
-            generation = list(conn.execute(sql.LIVE_CHILDREN, {"b_ids": generation}).scalars())
-            if not generation:
-                return
-            for child in generation:
-                params = {"b_run": child, "b_error": f"cancelled: {why}"}
-                if conn.execute(sql.CANCEL_RUN, params).rowcount == 1:
-                    conn.execute(sql.REVOKE_LEASES, {"b_run": child})
-                    self._settle_parent(conn, child, RunStatus.CANCELLED, why)
-
-    def _settle_parent(
-        self, conn: Connection, run_id: str, status: RunStatus, text: str | None
-    ) -> None:
-        """A child run ended: settle_child_done (``text``: its result) or
-        settle_child_dead (``text``: its error, or why it was cancelled, then named) on
-        its parent's step; the parent is woken if that step was the last of its fan-out
-        to settle (or no branch)."""
-        parent = conn.execute(sql.PARENT_OF, {"b_run": run_id}).first()
-        if parent is None or parent.parent_id is None:
-            return
-        key = {"b_run": parent.parent_id, "b_step": parent.parent_step}
-        if status is RunStatus.SUCCEEDED:
-            settled = conn.execute(sql.SETTLE_CHILD_DONE, {**key, "b_output": text})
-        else:
-            line = (text or "no error recorded").partition("\n")[0][:2000]
-            why = f"child run {run_id} {status}: {line}"
-            settled = conn.execute(sql.SETTLE_CHILD_DEAD, {**key, "b_error": why})
-        if settled.rowcount == 1 and self._branch_settled(conn, *key.values()):
-            self._wake(conn, parent.parent_id)
 
     def set_waiting(self, run_id: str, seen_wake: int) -> bool:
         """set_waiting: running → waiting: the replay stopped at a wait, no worker held.
@@ -220,9 +153,11 @@ class Ledger(StepLedger):
         return self._move_run(sql.RESUME_RUN, run_id)
 
     def _move_run(self, stmt: Executable, run_id: str) -> bool:
-        """A run transition with no derived writes. False: the run was not in its sources."""
+        """A run transition with no derived writes. False: the run was not in its sources.
+        Sent with the COMMIT (one round trip on Postgres) and its count read after."""
         with self.db.begin(self.tx) as conn:
-            return conn.execute(stmt, {"b_run": run_id}).rowcount == 1
+            moved = driver.send(conn, stmt, {"b_run": run_id})
+        return moved.rows().rowcount == 1
 
     # --- decisions: an effect in doubt, a budget -----------------------------------
 
@@ -339,7 +274,7 @@ class Ledger(StepLedger):
         """Record that a replay has seen every wake-up up to ``seq``. Zero rows: a later
         advance already recorded more (monotonic, so nothing is lost)."""
         with self.db.begin(self.tx) as conn:
-            conn.execute(derived.MARK_ADVANCED, {"b_run": run_id, "b_advanced": seq})
+            driver.send(conn, derived.MARK_ADVANCED, {"b_run": run_id, "b_advanced": seq})
 
     # --- steps recorded by replay --------------------------------------------
 

@@ -7,16 +7,15 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from sqlalchemy import case, func, select
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection
 
 from fleet.records import DeadMessageInfo
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store import driver
 from fleet.store import messages as transcripts
 from fleet.store.engine import Database, Transaction, after_commit, db_now
-from fleet.store.history import HistoryCache
 from fleet.store.message_cache import Recorded
-from fleet.store.predicates import RUN, SEQ, STEP, step_is, tree
+from fleet.store.predicates import RUN, STEP, step_is, tree
 from fleet.store.rows import (
     AttemptRow,
     DeadLetterRow,
@@ -35,15 +34,18 @@ from fleet.store.schema import (
     runs,
     steps,
 )
+from fleet.store.snapshots import (
+    AGAIN,
+    HISTORY,
+    RUN_ROW,
+    Snapshot,
+    read_snapshot,
+    snapshot_at_once,
+)
 
 T = TypeVar("T", covariant=True)
 
-# A replay's reads, built once: they run once per step.
-RUN_ROW = select(runs).where(runs.c.id == RUN)
 STEP_ROW = select(steps).where(step_is(RUN, STEP))
-HISTORY = select(steps).where(steps.c.run_id == RUN).order_by(steps.c.seq)
-# The history after the rows a process has cached (see fleet/store/history.py).
-HISTORY_AFTER = HISTORY.where(steps.c.seq > SEQ)
 
 
 class RunEnd(NamedTuple):
@@ -52,59 +54,6 @@ class RunEnd(NamedTuple):
     status: RunStatus
     result: str | None
     error: str | None
-
-
-class Snapshot(NamedTuple):
-    """A run row and its history, read in one transaction: what a replay needs."""
-
-    run: RunRow
-    history: Sequence[StepRow]
-
-
-def read_snapshot(
-    conn: Connection, run_id: str, cache: HistoryCache, run: Row[Any] | None = None
-) -> Snapshot | None:
-    """The run and its history, inside the caller's transaction: the finished rows this
-    process read before from ``cache``, the rest from the store. ``run``: its row, if
-    the caller has just read it in this transaction."""
-    if run is None:
-        run = driver.run(conn, RUN_ROW, {"b_run": run_id}).first()
-    if run is None:
-        return None
-    row = RunRow.from_row(run)
-    read = HistoryRead.of(run_id, row.created_at, cache)
-    return read.snapshot(conn, row, driver.run(conn, read.stmt, read.params))
-
-
-class HistoryRead(NamedTuple):
-    """The read of a run's history after the rows this process has cached of it (none
-    cached: all of it), which a caller may send before it has the run's row."""
-
-    cache: HistoryCache
-    key: str
-    prefix: tuple[StepRow, ...]
-    stmt: Any
-    params: dict[str, Any]
-
-    @classmethod
-    def of(cls, run_id: str, created_at: float, cache: HistoryCache) -> HistoryRead:
-        # Keyed by the run's id and creation time: retention may delete a finished run
-        # and the same id be enqueued again, and the new run must never see the old
-        # one's steps.
-        key = f"{run_id}\x00{created_at!r}"
-        prefix = cache.prefix(key)
-        if prefix:
-            after = {"b_run": run_id, "b_seq": prefix[-1].seq}
-            return cls(cache, key, prefix, HISTORY_AFTER, after)
-        return cls(cache, key, prefix, HISTORY, {"b_run": run_id})
-
-    def snapshot(self, conn: Connection, run: RunRow, rows: Any) -> Snapshot:
-        """The snapshot of ``run`` (the run this read was made for) from the rows the
-        read returned; the cache learns them once the transaction commits."""
-        tail = [StepRow.from_row(row) for row in rows]
-        cache, key, prefix = self.cache, self.key, self.prefix
-        after_commit(conn, lambda: cache.extend(key, prefix, tail))
-        return Snapshot(run, [*prefix, *tail])
 
 
 class _FromRow(Protocol[T]):
@@ -187,6 +136,12 @@ class Queries:
             return run, step
 
     def snapshot(self, run_id: str) -> Snapshot | None:
+        """The run and its history, read in one transaction (one round trip on Postgres,
+        with its BEGIN and COMMIT, unless the history read had to be made again)."""
+        if self.tx is None:
+            sent = snapshot_at_once(self.db, run_id)
+            if sent is not AGAIN:
+                return sent
         with self.db.begin(self.tx, read=True) as conn:
             return read_snapshot(conn, run_id, self.db.history)
 

@@ -22,9 +22,9 @@ from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, Ste
 from fleet.store import audit, derived, driver, fused
 from fleet.store import transitions as sql
 from fleet.store.predicates import run_is, step_is, takeable, within_budget
-from fleet.store.queries import HistoryRead, Snapshot, read_snapshot
 from fleet.store.rows import RunRow
 from fleet.store.schema import dead_letters, steps
+from fleet.store.snapshots import HistoryRead, Snapshot, read_snapshot
 from fleet.store.upkeep import Upkeep
 
 
@@ -128,6 +128,9 @@ class StepLedger(Upkeep):
         """take_lease: pending | due retry | expired running → running, epoch+1 and
         attempts+1 in one write, only while the run is live and the attempt cap is not
         spent. Zero rows: why not, named (``TakeRefused``)."""
+        if self.tx is None and self.db.wired:
+            # Its own transaction, sent whole with the take (one round trip).
+            return self._take_sent(run_id, step_id, owner, lease_seconds)()
         key = {"b_run": run_id, "b_step": step_id}
         with self.db.begin(self.tx) as conn:
             params = {**key, "b_owner": owner, "b_lease": lease_seconds}
@@ -162,6 +165,13 @@ class StepLedger(Upkeep):
         if self.tx is None or self.db.dialect != fused.DIALECT:
             answer = self.take_lease(run_id, step_id, owner, lease_seconds)
             return lambda: answer
+        return self._take_sent(run_id, step_id, owner, lease_seconds)
+
+    def _take_sent(
+        self, run_id: str, step_id: str, owner: str, lease_seconds: float
+    ) -> Callable[[], Lease | TakeRefused]:
+        """The take sent with the COMMIT of this ledger's transaction (or its own, sent
+        whole); answered once that has committed."""
         key = {"b_run": run_id, "b_step": step_id}
         with self.db.begin(self.tx) as conn:
             params = {**key, "b_owner": owner, "b_lease": lease_seconds}

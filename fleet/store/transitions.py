@@ -120,9 +120,25 @@ SET_WAITING = _run_move("set_waiting").where(runs.c.wake_seq == bindparam("b_wak
 RESUME_RUN = _run_move("resume_run")
 
 # --- succeed_run | fail_run: run running → succeeded | failed -------------------------
+# The run that ended names what it owes its family (``Ledger._ended``): its parent, if
+# it is a child run, and whether it has live children that end with it (detached ones
+# outlive it); a run with neither owes nothing, and nothing more is read.
+_LIVE_RUN = [RunStatus(s) for s in sorted(TRANSITIONS["cancel_run"].sources)]
+_child = runs.alias("child")
+_FAMILY = (
+    runs.c.parent_id,
+    runs.c.parent_step,
+    exists()
+    .where(
+        _child.c.parent_id == RUN,
+        _child.c.detached.is_(False),
+        _child.c.status.in_(_LIVE_RUN),
+    )
+    .label("live_children"),
+)
 FINISH_RUN = {
-    RunStatus.SUCCEEDED: _run_move("succeed_run", result=OUTPUT, error=ERROR, finished_at=now()),
-    RunStatus.FAILED: _run_move("fail_run", result=OUTPUT, error=ERROR, finished_at=now()),
+    status: _run_move(name, result=OUTPUT, error=ERROR, finished_at=now()).returning(*_FAMILY)
+    for status, name in ((RunStatus.SUCCEEDED, "succeed_run"), (RunStatus.FAILED, "fail_run"))
 }
 
 # --- cancel_run: run queued | running | waiting | needs_decision → cancelled ----------
@@ -344,7 +360,6 @@ RESOLVE_RETRY = (
 )
 
 # --- signals: kept while the run is live; deliver_signal: wait pending → done ----------
-_LIVE_RUN = [RunStatus(s) for s in sorted(TRANSITIONS["cancel_run"].sources)]
 ADD_SIGNAL = (
     insert(signals)
     .from_select(

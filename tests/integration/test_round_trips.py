@@ -7,6 +7,7 @@ statement run on the driver's cursor fails as one run through SQLAlchemy does.""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,8 +20,8 @@ from fleet import Fleet
 from fleet.errors import StoreUnavailable
 from fleet.states import Incident
 from fleet.store import driver
-from fleet.store.queries import RUN_ROW, HistoryRead, read_snapshot
 from fleet.store.schema import incidents
+from fleet.store.snapshots import RUN_ROW, HistoryRead, read_snapshot
 from fleet.testing import InlineBroker
 from fleet.worker.inline import advance_steps, run_steps
 from tests.harness import Backend, Wire
@@ -120,6 +121,57 @@ def test_a_sequential_step_costs_two_round_trips(
     steps = wire.per_checkout[2:-1]  # the first two take their lease first; the last ends
     assert statistics.mode(steps) == ROUND_TRIPS, wire.per_checkout
     assert sum(1 for t in steps if t == ROUND_TRIPS) >= 0.8 * len(steps), wire.per_checkout
+
+
+# Postgres, a one-step run from its advance to its end: the snapshot (its BEGIN, both
+# reads and COMMIT together), queued → running, the step recorded, its lease taken (each
+# sent whole with its BEGIN and COMMIT), and the commit that ends it (with the history
+# read; the run's end, which names its family; the COMMIT with the leases revoked and
+# the run marked advanced).
+ONE_STEP_RUN = [1, 1, 1, 1, 3]
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_one_step_run_costs_seven_round_trips(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """What a run costs beyond its steps: every transaction of its own goes out with its
+    BEGIN and COMMIT (``Database.begin`` on the wire), and its end is one statement for
+    a run with no parent and no child (20 round trips before, 3 per transaction)."""
+    ids = [client.enqueue("nops", 1).id for _ in range(12)]
+    for run_id in ids[:6]:  # psycopg prepares a statement at its fifth execution
+        advance_steps(client.runtime, run_id)
+    traced = []
+    for run_id in ids[6:]:
+        wire = Wire()
+        wire.start()
+        try:
+            assert advance_steps(client.runtime, run_id) == 1
+        finally:
+            wire.stop()
+        traced.append(wire.per_checkout)
+    assert statistics.mode(map(tuple, traced)) == tuple(ONE_STEP_RUN), traced
+    assert all(client.run(i).status() == "succeeded" for i in ids)
+
+
+def test_a_snapshot_made_for_another_run_of_that_id_is_read_again(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """``Queries.snapshot`` sends the history read before the run's row says when the
+    run was created, made for the run of that id the history cache knows: kept under
+    another creation time (a pruned run's id used again), it is read again, whole."""
+    run = client.enqueue("chain", 3)
+    inline.step()
+    inline.step()  # work#1 ran; work#2 is recorded
+    db = client.runtime.db
+    real = client.runtime.queries.snapshot(run.id)
+    assert real is not None and [s.step_id for s in real.history] == ["work#1", "work#2"]
+    stale = (dataclasses.replace(real.history[0], output='"another run\'s"'),)
+    db.history.clear()
+    db.history.extend(f"{run.id}\x00{real.run.created_at - 1.0!r}", (), stale)
+    again = client.runtime.queries.snapshot(run.id)
+    assert again is not None and list(again.history) == list(real.history)
+    assert db.history.key_of(run.id) == f"{run.id}\x00{real.run.created_at!r}"
 
 
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)

@@ -16,8 +16,8 @@ from fleet import Fleet
 from fleet.errors import StoreUnavailable
 from fleet.store.engine import Database, Transaction
 from fleet.store.ledger import Ledger
-from fleet.store.queries import HISTORY, read_snapshot
 from fleet.store.rows import StepRow
+from fleet.store.snapshots import HISTORY, read_snapshot
 from fleet.worker.dispatch import Message
 from fleet.worker.inline import run_steps
 from tests.harness import Backend, InlineBroker, starts
@@ -254,17 +254,22 @@ def test_a_commit_whose_outcome_is_unknown_is_not_made_again(
     (message,) = [args for task, args in inline.sent if task == "fleet.execute"]
     inline.sent.clear()
     commit = Connection.commit
-    replies = {"lost": 1}
+    replies = {"lost": 0}
 
     def lost_reply(conn: Connection) -> None:
         commit(conn)  # it applies...
         if replies["lost"]:
-            replies["lost"] -= 1  # ...but the first reply never comes
+            replies["lost"] -= 1  # ...but the reply of the step's commit never comes
             raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+
+    def body_ran(n: int) -> bool:
+        # Called after the body, before its commit: the lease's own COMMIT came back.
+        replies["lost"] = int(n == 1)
+        return True
 
     monkeypatch.setattr(Connection, "commit", lost_reply)
     with pytest.raises(CommitUnknown):
-        run_steps(client.runtime, run.id, message[1], more=lambda n: True)
+        run_steps(client.runtime, run.id, message[1], more=body_ran)
     monkeypatch.setattr(Connection, "commit", commit)
     step = client.runtime.queries.step(run.id, "work#1")
     assert step is not None and step.status == "done", "the commit did apply"
