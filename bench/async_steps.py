@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from bench.common import percentile, processes, save, services
-from bench.io_bound import Batch, Config, batch_figures, run_batch
+from bench.io_bound import ENQUEUE, Batch, Config, batch_figures, run_batch
 from bench.io_bound import report as io_report
 from fleet import Fleet, RetryPolicy, Settings, StepContext, WorkflowContext
 from fleet.testing import WORKER_READY, worker_argv
@@ -80,20 +80,6 @@ CONFIGS = (
 )
 TARGET = 0.9  # issue #20: of the limit at 500 concurrent steps in one process
 DEFAULT = ("async c=100", "async c=200", "async c=500", "async 500 on 8 slots")
-
-
-def enqueue_async(client: Fleet, workflow: Any, runs: int, args: list[Any]) -> list[str]:
-    """Every run enqueued at once with ``aenqueue``, as an async app would start them (one
-    insert and one broker round per batch of calls that arrive together)."""
-
-    async def start() -> list[str]:
-        handles = await asyncio.gather(*(client.aenqueue(workflow, *args) for _ in range(runs)))
-        return [h.id for h in handles]
-
-    return asyncio.run(start())
-
-
-ENQUEUE: dict[str, Any] = {"sync": None, "async": enqueue_async}
 
 
 def peak_concurrency(attempts: list[Any]) -> int:

@@ -21,6 +21,7 @@ Configurations (each on a fresh database, one probe batch of one-step runs as wa
   (one interpreter's GIL caps a process near one core's worth of steps).
 
     .venv/bin/python -m bench.io_bound [--reps 3] [--only gevent,threads,"gevent x2","threads x2"]
+        [--enqueue sync|async]
     .venv/bin/python -m bench.io_bound --reps 1 --runs 20 --steps 3   # smoke test
 
 No sweeper runs (nothing is lost here). Redis DB 13 only. Figures are printed and
@@ -30,6 +31,7 @@ written to ``bench/out/io_bound.json``; nothing asserts on time.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import time
@@ -199,9 +201,16 @@ def run_batch(
     return ids, enqueue_s, counters(client, pids) - before
 
 
-def measure(client: Fleet, cfg: Config, seconds: float, timeout: float, pids: list[int]) -> Batch:
+def measure(
+    client: Fleet,
+    cfg: Config,
+    seconds: float,
+    timeout: float,
+    pids: list[int],
+    enqueue: Callable[[Fleet, Any, int, list[Any]], list[str]] | None = None,
+) -> Batch:
     """One batch, its figures read from the store's clock."""
-    ids, enqueue_s, used = run_batch(client, cfg, seconds, timeout, pids)
+    ids, enqueue_s, used = run_batch(client, cfg, seconds, timeout, pids, enqueue=enqueue)
     return batch_figures(client, cfg, seconds, ids, enqueue_s, used)[0]
 
 
@@ -255,8 +264,24 @@ def probe(client: Fleet, cfg: Config, seconds: float, pids: list[int]) -> tuple[
         return None, f"{exc}; attempts started: {row[0]}"
 
 
-def run_config(cfg: Config, reps: int, seconds: float) -> dict[str, Any]:
-    """One fresh store and worker for ``cfg``: a probe, then ``reps`` measured batches."""
+def enqueue_async(client: Fleet, workflow: Any, runs: int, args: list[Any]) -> list[str]:
+    """Every run enqueued at once with ``aenqueue``, as an async app would start them (one
+    insert and one broker round per batch of calls that arrive together)."""
+
+    async def start() -> list[str]:
+        handles = await asyncio.gather(*(client.aenqueue(workflow, *args) for _ in range(runs)))
+        return [h.id for h in handles]
+
+    return asyncio.run(start())
+
+
+# How a batch's runs are enqueued: one ``enqueue`` after another, or all at once.
+ENQUEUE: dict[str, Any] = {"sync": None, "async": enqueue_async}
+
+
+def run_config(cfg: Config, reps: int, seconds: float, how: str = "sync") -> dict[str, Any]:
+    """One fresh store and worker for ``cfg``: a probe, then ``reps`` measured batches,
+    their runs enqueued ``how`` (``ENQUEUE``)."""
     with services(f"io_{cfg.pool}", redis_db=REDIS_DB) as svc:
         client = agent_flows.bind(svc.env())
         client.upgrade_schema()
@@ -268,7 +293,9 @@ def run_config(cfg: Config, reps: int, seconds: float) -> dict[str, Any]:
             if warm is None:
                 return {"config": asdict(cfg), "hung": why, "log_tail": tail(procs[0])}
             timeout = cfg.steps * seconds * 20 + 60
-            batches = [measure(client, cfg, seconds, timeout, pids) for _ in range(reps)]
+            batches = [
+                measure(client, cfg, seconds, timeout, pids, ENQUEUE[how]) for _ in range(reps)
+            ]
     return {"config": asdict(cfg), "probe": asdict(warm), "batches": [asdict(b) for b in batches]}
 
 
@@ -359,6 +386,12 @@ def parse() -> argparse.Namespace:
         default=",".join(DEFAULT),
         help="comma-separated labels of: " + ", ".join(c.label for c in CONFIGS),
     )
+    p.add_argument(
+        "--enqueue",
+        choices=sorted(ENQUEUE),
+        default="sync",
+        help="a batch's runs enqueued one after another (sync) or at once (aenqueue)",
+    )
     return p.parse_args()
 
 
@@ -373,12 +406,13 @@ def main() -> None:
     load = os.getloadavg()
     for cfg in configs:
         print(f"{cfg.label}: {cfg.runs} runs x {cfg.steps} steps, {args.reps} rep(s)...")
-        results.append(run_config(cfg, args.reps, args.seconds))
+        results.append(run_config(cfg, args.reps, args.seconds, args.enqueue))
     summary = report(results, args.seconds)
     path = save(
         "io_bound",
         {
             "seconds": args.seconds,
+            "enqueue": args.enqueue,
             "loadavg_before": load,
             "loadavg_after": os.getloadavg(),
             "summary": summary,

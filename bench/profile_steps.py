@@ -36,6 +36,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.pool import Pool
 
 from bench.common import delta, services, settled_pg_counters
+from bench.cpu import CpuMeter
 from bench.drivers import database_name
 from fleet import Fleet, Settings
 from fleet.store import driver, fused
@@ -255,12 +256,14 @@ def main() -> None:
         if args.trips:
             wire.start()
         prof = cProfile.Profile()
+        machine = CpuMeter().start()
         t0, cpu0 = time.perf_counter(), time.process_time()
         if args.cprofile:
             prof.enable()
         tasks = _deliver(client, sent, meter, inline=inline)
         prof.disable()
         total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        machine.stop()
         trips = wire.stop() if args.trips else None
         assert run.status() == "succeeded", run.status()
         client.runtime.db.dispose()
@@ -271,6 +274,12 @@ def main() -> None:
         f"in process on Postgres, {'one step per message' if args.messages else 'inline'}: "
         f"{1000 * total / measured:.2f} ms/step, {1000 * cpu / measured:.2f} ms of this "
         f"process's CPU ({measured / total:.0f} steps/s without broker or Celery)"
+    )
+    shares = machine.per_unit_ms(measured)
+    print(
+        f"  CPU per step: the machine {shares['machine']:.2f} ms, Postgres "
+        f"{shares.get('postgres', 0.0):.2f} ms (its backends, WAL writer and the rest, "
+        "from /proc)"
     )
     print(f"  messages sent per step: { {k: round(v / measured, 3) for k, v in tasks.items()} }")
     server = pg_used.get("commits", 0) + pg_used.get("rollbacks", 0)
