@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from functools import partial
 
 from bench.common import services
 from bench.cpu import CpuMeter
@@ -29,12 +30,12 @@ def _measure(
     client: Fleet,
     sent: list[tuple[str, list[str]]],
     meter: Meter,
-    enqueue: Callable[[int], object],
+    enqueue: Callable[[], object],
     runs: int,
     trips: bool,
 ) -> dict[str, float]:
-    for i in range(5):  # warm: the statements prepared, the caches filled
-        enqueue(-1 - i)
+    for _ in range(5):  # warm: the statements prepared, the caches filled
+        enqueue()
     _deliver(client, sent, meter)
     meter.reset()
     wire = Wire()
@@ -42,8 +43,8 @@ def _measure(
         wire.start()
     cpu = CpuMeter().start()
     t0, own0 = time.perf_counter(), time.process_time()
-    for i in range(runs):
-        enqueue(i)
+    for _ in range(runs):
+        enqueue()
         _deliver(client, sent, meter)
     wall, own = time.perf_counter() - t0, time.process_time() - own0
     cpu.stop()
@@ -71,9 +72,9 @@ def main() -> None:
     with services("runcost") as svc:
         client, sent = _client(svc.database_url)
         meter.listen()
-        shapes: dict[str, Callable[[int], object]] = {
-            "ten (10 steps)": lambda i: client.enqueue("ten"),
-            "seq(1) (1 step)": lambda i: client.enqueue("seq", 1),
+        shapes: dict[str, Callable[[], object]] = {
+            "ten (10 steps)": partial(client.enqueue, "ten"),
+            "seq(1) (1 step)": partial(client.enqueue, "seq", 1),
         }
         print(f"run cost: {args.runs} runs of each shape, in process on Postgres, per run")
         rows = {
