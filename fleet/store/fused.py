@@ -47,51 +47,61 @@ COMMIT_AND_WAKE: Any = (
     .add_cte(_closed)
 )
 
+
 # --- take_lease: the lease taken, the attempt that held the epoch before marked lost,
 # and this attempt's row opened. Zero rows: not taken (the ledger asks why).
 # ``lost``: how many attempts were marked lost (a takeover, if any).
-_taken = sql.TAKE.cte("taken")
-_lost = (
-    derived.MARK_LOST.where(exists(select(_taken.c.epoch))).returning(attempts.c.epoch).cte("lost")
-)
-_opened = (
-    attempts.insert()
-    .from_select(
-        ["run_id", "step_id", "epoch", "attempt", "worker", "started_at", *derived.ATTEMPT_STARTS],
-        select(
-            RUN,
-            STEP,
-            _taken.c.epoch,
-            _taken.c.attempts,
-            OWNER,
-            now(),
-            *(literal(v, attempts.c[k].type) for k, v in derived.ATTEMPT_STARTS.items()),
-        ),
-    )
-    .cte("opened")
-)
-TAKE_AND_OPEN: Any = select(
-    _taken.c.epoch,
-    _taken.c.attempts,
-    _taken.c.name,
-    _taken.c.input,
-    select(literal_column("count(*)")).select_from(_lost).scalar_subquery().label("lost"),
-).add_cte(_opened)
-
 # --- take_lease_at_commit: the same, and a takeover's incident noted in the statement,
 # as incidents are, in the transaction that met them (the ledger reads this one's rows
 # only after the COMMIT, too late to write the incident on its own).
-_noted = (
-    incidents.insert()
-    .from_select(
-        ["kind", "run_id", "step_id", "epoch", "worker", "at"],
-        select(literal(Incident.TAKEOVER.value), RUN, STEP, _taken.c.epoch, OWNER, now()).where(
-            exists(select(_lost.c.epoch))
-        ),
+# Each by whether the run has limits, as ``transitions.TAKE``.
+def _take_and_open(limited: bool) -> tuple[Any, Any]:
+    taken = sql.TAKE[limited].cte("taken")
+    lost = (
+        derived.MARK_LOST.where(exists(select(taken.c.epoch)))
+        .returning(attempts.c.epoch)
+        .cte("lost")
     )
-    .cte("noted")
-)
-TAKE_OPEN_AND_NOTE: Any = TAKE_AND_OPEN.add_cte(_noted)
+    opened = (
+        attempts.insert()
+        .from_select(
+            ["run_id", "step_id", "epoch", "attempt", "worker", "started_at"]
+            + list(derived.ATTEMPT_STARTS),
+            select(
+                RUN,
+                STEP,
+                taken.c.epoch,
+                taken.c.attempts,
+                OWNER,
+                now(),
+                *(literal(v, attempts.c[k].type) for k, v in derived.ATTEMPT_STARTS.items()),
+            ),
+        )
+        .cte("opened")
+    )
+    take_and_open = select(
+        taken.c.epoch,
+        taken.c.attempts,
+        taken.c.name,
+        taken.c.input,
+        select(literal_column("count(*)")).select_from(lost).scalar_subquery().label("lost"),
+    ).add_cte(opened)
+    noted = (
+        incidents.insert()
+        .from_select(
+            ["kind", "run_id", "step_id", "epoch", "worker", "at"],
+            select(literal(Incident.TAKEOVER.value), RUN, STEP, taken.c.epoch, OWNER, now()).where(
+                exists(select(lost.c.epoch))
+            ),
+        )
+        .cte("noted")
+    )
+    return take_and_open, take_and_open.add_cte(noted)
+
+
+_TAKES = {limited: _take_and_open(limited) for limited in (True, False)}
+TAKE_AND_OPEN: dict[bool, Any] = {limited: pair[0] for limited, pair in _TAKES.items()}
+TAKE_OPEN_AND_NOTE: dict[bool, Any] = {limited: pair[1] for limited, pair in _TAKES.items()}
 
 # --- record_steps of one step that ends a replay: the step, and the run marked advanced
 _recorded = sql.RECORD_STEP["postgresql"].cte("recorded")
@@ -101,4 +111,9 @@ RECORD_AND_ADVANCE: Any = derived.MARK_ADVANCED.add_cte(_recorded)
 DIALECT: str = postgresql.dialect.name
 
 # Every one of them writes (a meter that counts writing statements asks here).
-WRITES: tuple[Any, ...] = (COMMIT_AND_WAKE, TAKE_AND_OPEN, TAKE_OPEN_AND_NOTE, RECORD_AND_ADVANCE)
+WRITES: tuple[Any, ...] = (
+    COMMIT_AND_WAKE,
+    *TAKE_AND_OPEN.values(),
+    *TAKE_OPEN_AND_NOTE.values(),
+    RECORD_AND_ADVANCE,
+)

@@ -60,8 +60,12 @@ def takeable(at: Any) -> Any:
     )
 
 
-def run_is(run_id: Any, *statuses: RunStatus) -> Any:
-    return exists().where(runs.c.id == run_id, runs.c.status.in_(list(statuses)))
+def run_is(run_id: Any, *statuses: RunStatus, unlimited: bool = False) -> Any:
+    """The run is in one of ``statuses`` (and, if ``unlimited``, has no spend limits)."""
+    where = [runs.c.id == run_id, runs.c.status.in_(list(statuses))]
+    if unlimited:
+        where += [runs.c.budget_tokens.is_(None), runs.c.budget_cost.is_(None)]
+    return exists().where(*where)
 
 
 def tree(run_id: Any, name: str = "tree") -> Any:

@@ -52,6 +52,12 @@ class RunRow:
     def from_row(cls, row: Any) -> RunRow:
         return cls(*row)
 
+    @property
+    def limited(self) -> bool:
+        """Whether the run has a spend limit. One created without never gets one (only
+        ``raise_budget`` sets them, on a run parked over one)."""
+        return self.budget_tokens is not None or self.budget_cost is not None
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", RunStatus(self.status))
         if self.decision is not None:

@@ -18,26 +18,14 @@ from typing import Any
 from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 
-from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepStatus
-from fleet.store import audit, derived, driver, fused
+from fleet.states import AttemptOutcome, Incident, IntentOutcome, StepStatus
+from fleet.store import audit, derived, driver, fused, takes
 from fleet.store import transitions as sql
-from fleet.store.predicates import run_is, step_is, takeable, within_budget
 from fleet.store.rows import RunRow
 from fleet.store.schema import dead_letters, steps
 from fleet.store.snapshots import HistoryRead, Snapshot, read_snapshot
+from fleet.store.takes import Lease, TakeRefused
 from fleet.store.upkeep import Upkeep
-
-
-class TakeRefused(StrEnum):
-    """Why a lease was not taken: the zero-rows cases of ``take_lease``, named."""
-
-    UNKNOWN_STEP = "unknown_step"  # malformed or stale message
-    ALREADY_FINISHED = "already_finished"  # duplicate delivery of a done/dead step
-    LEASE_LIVE = "lease_live"  # duplicate delivery while another attempt runs
-    NOT_DUE = "not_due"  # a retry woken early; the sweeper sends it when due
-    RUN_NOT_LIVE = "run_not_live"  # the run was cancelled or has finished
-    EXHAUSTED = "exhausted"  # the attempt cap was spent by crashed attempts
-    OVER_BUDGET = "over_budget"  # the run's spend has reached its budget
 
 
 class ReplayRefused(StrEnum):
@@ -47,17 +35,6 @@ class ReplayRefused(StrEnum):
     ALREADY_REPLAYED = "already replayed"
     RUN_FINISHED = "its run has succeeded or was cancelled"
     STEP_NOT_DEAD = "its step is no longer dead"
-
-
-@dataclass(frozen=True)
-class Lease:
-    run_id: str
-    step_id: str
-    epoch: int
-    attempt: int
-    name: str
-    input: str
-    took_over: bool
 
 
 @dataclass(frozen=True)
@@ -93,15 +70,6 @@ def _key(run_id: str, step_id: str, epoch: int) -> dict[str, Any]:
     return {"b_run": run_id, "b_step": step_id, "b_epoch": epoch}
 
 
-_WHY_NOT_TAKEN = select(
-    steps.c.status,
-    steps.c.attempts,
-    steps.c.max_attempts,
-    takeable(sql.now()).label("takeable"),
-    run_is(sql.RUN, RunStatus.RUNNING).label("run_live"),
-    within_budget(sql.RUN).label("within_budget"),
-).where(step_is(sql.RUN, sql.STEP))
-
 _WHY_NOT_REPLAYED = (
     select(dead_letters.c.replayed_at, steps.c.status.label("step_status"))
     .select_from(
@@ -123,39 +91,35 @@ class StepLedger(Upkeep):
     # --- one attempt ----------------------------------------------------------
 
     def take_lease(
-        self, run_id: str, step_id: str, owner: str, lease_seconds: float
+        self, run_id: str, step_id: str, owner: str, lease_seconds: float, limited: bool = True
     ) -> Lease | TakeRefused:
         """take_lease: pending | due retry | expired running → running, epoch+1 and
         attempts+1 in one write, only while the run is live and the attempt cap is not
-        spent. Zero rows: why not, named (``TakeRefused``)."""
+        spent. Zero rows: why not, named (``TakeRefused``). ``limited`` false: the caller
+        read that the run has no spend limits (``RunRow.limited``), so no spend is summed;
+        the statement checks it, and takes as for a run with limits if it has some."""
         if self.tx is None and self.db.wired:
             # Its own transaction, sent whole with the take (one round trip).
-            return self._take_sent(run_id, step_id, owner, lease_seconds)()
+            return self._take_sent(run_id, step_id, owner, lease_seconds, limited)()
         key = {"b_run": run_id, "b_step": step_id}
         with self.db.begin(self.tx) as conn:
             params = {**key, "b_owner": owner, "b_lease": lease_seconds}
-            if conn.dialect.name == fused.DIALECT:
-                # One statement: the take, the earlier attempt marked lost, this one opened.
-                taken = driver.run(conn, fused.TAKE_AND_OPEN, params).first()
+            taken = takes.take_in(conn, params, limited)
+            if taken is None:
+                why = takes.why_not_taken(conn, key, limited)
+                if why is not None:
+                    return why
+                # Taken as for a run without limits, and the run has some.
+                taken = takes.take_in(conn, params, True)
                 if taken is None:
-                    return self._why_not_taken(conn, key)
-                epoch, attempt, name, input_, lost = taken
-                took_over = lost > 0
-            else:
-                taken = driver.run(conn, sql.TAKE, params).first()
-                if taken is None:
-                    return self._why_not_taken(conn, key)
-                epoch, attempt, name, input_ = taken
-                # Epochs only grow, so a first epoch has no earlier attempt to mark lost.
-                took_over = epoch > 1 and driver.run(conn, derived.MARK_LOST, key).rowcount > 0
-                opened = {**key, "b_epoch": epoch, "b_attempt": attempt, "b_owner": owner}
-                driver.run(conn, derived.OPEN_ATTEMPT, opened)
+                    return takes.why_not_taken(conn, key) or TakeRefused.NOT_DUE
+            epoch, attempt, name, input_, took_over = taken
             if took_over:
                 self._incident(conn, Incident.TAKEOVER, run_id, step_id, epoch, owner)
             return Lease(run_id, step_id, epoch, attempt, name, input_, took_over)
 
     def take_lease_at_commit(
-        self, run_id: str, step_id: str, owner: str, lease_seconds: float
+        self, run_id: str, step_id: str, owner: str, lease_seconds: float, limited: bool = True
     ) -> Callable[[], Lease | TakeRefused]:
         """``take_lease`` in the transaction this ledger is bound to, its answer given
         by the function returned, called once that transaction has committed. On
@@ -163,46 +127,35 @@ class StepLedger(Upkeep):
         incident noted in the same statement; why a lease was refused is then asked in
         a transaction of its own. Unbound, or on SQLite: taken now."""
         if self.tx is None or self.db.dialect != fused.DIALECT:
-            answer = self.take_lease(run_id, step_id, owner, lease_seconds)
+            answer = self.take_lease(run_id, step_id, owner, lease_seconds, limited)
             return lambda: answer
-        return self._take_sent(run_id, step_id, owner, lease_seconds)
+        return self._take_sent(run_id, step_id, owner, lease_seconds, limited)
 
     def _take_sent(
-        self, run_id: str, step_id: str, owner: str, lease_seconds: float
+        self, run_id: str, step_id: str, owner: str, lease_seconds: float, limited: bool
     ) -> Callable[[], Lease | TakeRefused]:
         """The take sent with the COMMIT of this ledger's transaction (or its own, sent
         whole); answered once that has committed."""
         key = {"b_run": run_id, "b_step": step_id}
         with self.db.begin(self.tx) as conn:
             params = {**key, "b_owner": owner, "b_lease": lease_seconds}
-            pending = driver.send(conn, fused.TAKE_OPEN_AND_NOTE, params)
+            pending = driver.send(conn, fused.TAKE_OPEN_AND_NOTE[limited], params)
 
         def answered() -> Lease | TakeRefused:
             taken = pending.rows().first()
             if taken is None:
                 with self.db.begin(read=True) as conn:
-                    return self._why_not_taken(conn, key)
+                    why = takes.why_not_taken(conn, key, limited)
+                if why is not None:
+                    return why
+                # Taken as for a run without limits, and the run has some: taken again,
+                # in a transaction of its own (this ledger's has committed).
+                alone = type(self)(self.db, self.grace)
+                return alone.take_lease(run_id, step_id, owner, lease_seconds)
             epoch, attempt, name, input_, lost = taken
             return Lease(run_id, step_id, epoch, attempt, name, input_, lost > 0)
 
         return answered
-
-    @staticmethod
-    def _why_not_taken(conn: Connection, key: dict[str, Any]) -> TakeRefused:
-        row = conn.execute(_WHY_NOT_TAKEN, key).first()
-        if row is None:
-            return TakeRefused.UNKNOWN_STEP
-        if StepStatus(row.status).finished:
-            return TakeRefused.ALREADY_FINISHED
-        if not row.run_live:
-            return TakeRefused.RUN_NOT_LIVE
-        if row.takeable and row.attempts >= row.max_attempts:
-            return TakeRefused.EXHAUSTED
-        if row.takeable and not row.within_budget:
-            return TakeRefused.OVER_BUDGET
-        if row.status == StepStatus.RUNNING:
-            return TakeRefused.LEASE_LIVE
-        return TakeRefused.NOT_DUE
 
     def heartbeat(self, run_id: str, step_id: str, epoch: int, lease_seconds: float) -> bool:
         """Extend a held lease. False: the lease was lost (taken over or revoked)."""

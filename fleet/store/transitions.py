@@ -209,32 +209,46 @@ def _record_step(dialect: Any) -> Any:
 
 RECORD_STEP = {name: _record_step(dialect) for name, dialect in DIALECTS.items()}
 
+
 # --- take_lease: step pending | due retry_wait | expired running → running ------------
 # epoch+1 and attempts+1 in one write, only while the run is running, the attempt cap
 # is not spent and the budget not reached (checked in the statement that starts the
 # step: however many workers race, none starts a step once the budget is reached).
-TAKE = (
-    _move("take_lease")
-    .where(
-        step_is(RUN, STEP),
-        steps.c.kind == StepKind.TASK,
-        steps.c.attempts < steps.c.max_attempts,
-        takeable(now()),
-        run_is(RUN, RunStatus.RUNNING),
-        within_budget(RUN),
+# TAKE[False] is for a run with no limits: instead of summing its tree's spend it
+# checks that the run has none (a run created without limits never gets one: only
+# raise_budget sets them, and only on a run parked over one), so Postgres does not set
+# up the spend's recursive subplans at every step (bench/RESULTS.md, "2026-12-05").
+def _take(limited: bool) -> Any:
+    within = (
+        (run_is(RUN, RunStatus.RUNNING), within_budget(RUN))
+        if limited
+        else (run_is(RUN, RunStatus.RUNNING, unlimited=True),)
     )
-    .values(
-        epoch=steps.c.epoch + 1,
-        attempts=steps.c.attempts + 1,
-        lease_owner=OWNER,
-        lease_expires_at=now() + LEASE,
-        due_at=None,
-        # An expired lease is the sweeper's cue; no other re-send is needed.
-        redispatch_at=None,
-        dispatches=0,
+    return (
+        _move("take_lease")
+        .where(
+            step_is(RUN, STEP),
+            steps.c.kind == StepKind.TASK,
+            steps.c.attempts < steps.c.max_attempts,
+            takeable(now()),
+            *within,
+        )
+        .values(
+            epoch=steps.c.epoch + 1,
+            attempts=steps.c.attempts + 1,
+            lease_owner=OWNER,
+            lease_expires_at=now() + LEASE,
+            due_at=None,
+            # An expired lease is the sweeper's cue; no other re-send is needed.
+            redispatch_at=None,
+            dispatches=0,
+        )
+        .returning(steps.c.epoch, steps.c.attempts, steps.c.name, steps.c.input)
     )
-    .returning(steps.c.epoch, steps.c.attempts, steps.c.name, steps.c.input)
-)
+
+
+# By whether the run has limits (``RunRow.limited``).
+TAKE = {limited: _take(limited) for limited in (True, False)}
 
 
 # --- heartbeat and release: running stays running, the lease moved (fenced) ----------

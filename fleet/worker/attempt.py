@@ -104,7 +104,9 @@ def take_recorded(rt: Runtime, run: RunRow, step_id: str, name: str) -> Attempt 
 
 
 def _leased(rt: Runtime, run: RunRow, step_id: str, sd: StepDef) -> Attempt | None:
-    lease = rt.ledger.take_lease(run.id, step_id, rt.worker_name, rt.settings.lease_seconds)
+    lease = rt.ledger.take_lease(
+        run.id, step_id, rt.worker_name, rt.settings.lease_seconds, run.limited
+    )
     if isinstance(lease, TakeRefused):
         if sd.limits:
             limits_gate.refused(rt, run.id, step_id)

@@ -223,7 +223,7 @@ def _keep_the_one_next(
         return replayed, None  # a strand runs no sync body: that step is sent, to a slot
     # On Postgres the take goes out with the COMMIT; its answer is read after it.
     lease = bound.ledger.take_lease_at_commit(
-        att.run_id, task.step_id, bound.worker_name, bound.settings.lease_seconds
+        att.run_id, task.step_id, bound.worker_name, bound.settings.lease_seconds, att.run.limited
     )
     return replace(replayed, tasks=[]), _Kept(task.step_id, lease)
 

@@ -234,6 +234,28 @@ def test_take_lease(client: Fleet) -> None:
     assert _step_row(client).epoch == 1, "nothing written"
 
 
+def test_take_lease_as_for_a_run_without_limits_keeps_the_budget(client: Fleet) -> None:
+    """``limited=False`` (the caller read the run has no limits) sums no spend; given
+    for a run that has a budget, the statement refuses and the ledger takes it as for
+    a run with limits, budget checked: no step of it starts over budget."""
+    _run(client, budget_tokens=10)
+    ledger = client.runtime.ledger
+    lease = ledger.take_lease("r1", STEP, "a", 30, limited=False)
+    assert isinstance(lease, Lease) and lease.epoch == 1, "taken, as for a run with limits"
+    ledger.add_usage("r1", STEP, lease.epoch, model="m", input_tokens=8, output_tokens=4, cost=0)
+    _force(client, steps, status=StepStatus.PENDING)
+    assert ledger.take_lease("r1", STEP, "b", 30, limited=False) is TakeRefused.OVER_BUDGET
+    with client.runtime.db.transaction() as tx:
+        answer = ledger.within(tx).take_lease_at_commit("r1", STEP, "b", 30, limited=False)
+    assert answer() is TakeRefused.OVER_BUDGET
+    assert _step_row(client).epoch == 1, "nothing written"
+    _run(client, "r2")
+    unlimited = client.runtime.queries.run("r2")
+    assert unlimited is not None and not unlimited.limited and _run_row(client).limited
+    lease = ledger.take_lease("r2", STEP, "c", 30, limited=False)
+    assert isinstance(lease, Lease) and lease.epoch == 1
+
+
 def test_commit_output(client: Fleet) -> None:
     _run(client)
     ledger = client.runtime.ledger
