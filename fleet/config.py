@@ -40,6 +40,23 @@ def _count(env: Mapping[str, str], name: str, default: int, least: int = 1) -> i
     return int(text)
 
 
+def _gc_threshold(env: Mapping[str, str], default: tuple[int, int, int] | None) -> Any:
+    """``FLEET_GC_THRESHOLD``: three whole numbers (``5000,20,100``, gc.set_threshold's),
+    the first at least 1, or ``python`` for the interpreter's own thresholds."""
+    raw = env.get("FLEET_GC_THRESHOLD")
+    if raw is None or raw.strip() == "":
+        return default
+    if raw.strip().lower() == "python":
+        return None
+    parts = [p.strip() for p in raw.split(",")]
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts) or int(parts[0]) < 1:
+        raise BadInput(
+            f"FLEET_GC_THRESHOLD={raw!r} must be three whole numbers like 5000,20,100 "
+            "(the first at least 1), or python"
+        )
+    return tuple(int(p) for p in parts)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything fleet reads from the environment, in one place.
@@ -74,7 +91,10 @@ class Settings:
     # off its slots, as greenlets on ``async_strands`` threads (fleet/worker/strands.py):
     # an awaiting step holds no thread. Past it they wait on their slots; 0: always.
     async_awaiting: int = 1000
-    async_strands: int = 4
+    async_strands: int = 8
+    # A worker process freezes what its start-up built and collects cycles at these
+    # thresholds (fleet/worker/collector.py); None (``python``): the interpreter's own.
+    gc_threshold: tuple[int, int, int] | None = (5000, 20, 100)
     # A worker keeps up to this many runs' workflows suspended between their advances
     # (fleet/worker/live.py), so a long run's next step costs no replay of its history;
     # 0: every advance replays from the top.
@@ -116,6 +136,7 @@ class Settings:
             async_awaiting=_count(env, "FLEET_ASYNC_AWAITING", cls.async_awaiting, least=0),
             async_strands=_count(env, "FLEET_ASYNC_STRANDS", cls.async_strands),
             live_runs=_count(env, "FLEET_LIVE_RUNS", cls.live_runs, least=0),
+            gc_threshold=_gc_threshold(env, cls.gc_threshold),
             retention=env_duration(env, "FLEET_RETENTION"),
             max_fanout=_count(env, "FLEET_MAX_FANOUT", cls.max_fanout),
             max_steps=_count(env, "FLEET_MAX_STEPS", cls.max_steps),

@@ -11,7 +11,7 @@ from celery import Celery
 from celery.signals import celeryd_after_setup, worker_shutdown, worker_shutting_down
 
 from fleet.states import Incident
-from fleet.worker import process
+from fleet.worker import collector, process
 from fleet.worker.dispatch import ADVANCE, EXECUTE
 from fleet.worker.envelope import Malformed, check_ids, one_line
 from fleet.worker.inline import advance_steps, run_steps
@@ -70,6 +70,7 @@ def _add_workflow_queues(sender: Any, instance: Any, **_: Any) -> None:
 
 # The pools that run a worker's tasks in its own process, as threads or greenlets, all
 # of them sharing its store connections; prefork's children run one task at a time.
+_THREADS_POOL = "celery.concurrency.thread"
 _SHARED_POOLS = frozenset(
     {"celery.concurrency.thread", "celery.concurrency.gevent", "celery.concurrency.eventlet"}
 )
@@ -79,16 +80,18 @@ def _size_store_pool(sender: Any, instance: Any, **_: Any) -> None:
     """A worker running ``--concurrency`` tasks in this process keeps that many store
     connections open, up to ``FLEET_DB_POOL_MAX`` (and a few for its own threads; the
     rest wait their turn in the pool's queue), instead of opening and closing
-    connections past the default pool at every peak."""
+    connections past the default pool at every peak. On a threads pool whose async
+    attempts go on off their slots, one more for each strand: a strand committing
+    while every slot holds a connection would otherwise wait for one of theirs."""
     rt = process.current().runtime_of(instance.app)
-    if rt is None or getattr(instance.pool_cls, "__module__", None) not in _SHARED_POOLS:
+    pool = getattr(instance.pool_cls, "__module__", None)
+    if rt is None or pool not in _SHARED_POOLS:
         return
     size = min(int(instance.concurrency), rt.settings.db_pool_max)
+    if pool == _THREADS_POOL and rt.settings.async_awaiting:
+        size += rt.settings.async_strands
     rt.db.size_pool(size)
     log.info("store connections: %d for %d concurrent tasks", size, instance.concurrency)
-
-
-_THREADS_POOL = "celery.concurrency.thread"
 
 
 def _start_strands(sender: Any, instance: Any, **_: Any) -> None:
@@ -101,6 +104,14 @@ def _start_strands(sender: Any, instance: Any, **_: Any) -> None:
     process.current().strands.configure(threads, awaiting)
     if awaiting:
         log.info("async steps: up to %d awaiting off the slots, on %d strands", awaiting, threads)
+
+
+def _tune_collector(sender: Any, instance: Any, **_: Any) -> None:
+    """Once the worker is set up (before a prefork pool forks): freeze what start-up
+    built and collect cycles less often (fleet/worker/collector.py)."""
+    rt = process.current().runtime_of(instance.app)
+    if rt is not None:
+        collector.tune(rt.settings.gc_threshold)
 
 
 def _drain_strands(**_: Any) -> None:
@@ -134,6 +145,7 @@ def register(celery: Celery, rt: Runtime) -> None:
     )
     celeryd_after_setup.connect(_size_store_pool, weak=False, dispatch_uid="fleet.store_pool")
     celeryd_after_setup.connect(_start_strands, weak=False, dispatch_uid="fleet.strands")
+    celeryd_after_setup.connect(_tune_collector, weak=False, dispatch_uid="fleet.collector")
     worker_shutdown.connect(_drain_strands, weak=False, dispatch_uid="fleet.drain_strands")
 
     @celery.task(name=ADVANCE, ignore_result=True, shared=False)

@@ -52,7 +52,8 @@ def test_sizing_replaces_the_engine_with_one_that_opens_none_beyond_its_pool() -
     ("pool", "concurrency", "kept"),
     [
         ("gevent", 200, 10 + SIZED_HEADROOM),
-        ("threads", 8, 8 + SIZED_HEADROOM),
+        # A threads pool's async attempts go on off its slots, on strands: one each.
+        ("threads", 8, 8 + Settings.async_strands + SIZED_HEADROOM),
         ("prefork", 8, POOL_SIZE),
         ("solo", 1, POOL_SIZE),
     ],
@@ -72,3 +73,19 @@ def test_the_cap_is_a_setting() -> None:
     assert _pool(fleet.runtime.db) == (100 + SIZED_HEADROOM, 0)
     with pytest.raises(BadInput, match="FLEET_DB_POOL_MAX='lots'"):
         Settings.from_env({"FLEET_DB_POOL_MAX": "lots"})
+
+
+def test_a_threads_pool_keeps_one_more_for_each_strand_only_while_strands_are_on() -> None:
+    """A strand commits an async attempt while every slot may hold a connection: without
+    its own it waits in the pool's queue behind the slots (bench.async_steps: 16 strands
+    sharing 13 connections ran 0.59 of the limit)."""
+    env = {"FLEET_DATABASE_URL": PG, "FLEET_ASYNC_STRANDS": "3"}
+    fleet = Fleet("poolstrands", settings=Settings.from_env(env))
+    _worker(fleet, "threads", 8)
+    assert _pool(fleet.runtime.db) == (8 + 3 + SIZED_HEADROOM, 0)
+    off = Fleet("poolnostrands", settings=Settings.from_env({**env, "FLEET_ASYNC_AWAITING": "0"}))
+    _worker(off, "threads", 8)
+    assert _pool(off.runtime.db) == (8 + SIZED_HEADROOM, 0), "no strands: none for them"
+    gevent = Fleet("poolgevent", settings=Settings.from_env(env))
+    _worker(gevent, "gevent", 8)
+    assert _pool(gevent.runtime.db) == (8 + SIZED_HEADROOM, 0), "strands are a threads pool's"

@@ -180,7 +180,8 @@ def test_the_settings_are_whole_numbers_and_awaiting_may_be_zero() -> None:
 
     assert Settings.from_env({}).async_awaiting == 1000
     assert Settings.from_env({"FLEET_ASYNC_AWAITING": "0"}).async_awaiting == 0
-    assert Settings.from_env({"FLEET_ASYNC_STRANDS": "8"}).async_strands == 8
+    assert Settings.from_env({}).async_strands == 8
+    assert Settings.from_env({"FLEET_ASYNC_STRANDS": "3"}).async_strands == 3
     with pytest.raises(BadInput, match=r"FLEET_ASYNC_AWAITING='-1' must be a whole number of 0"):
         Settings.from_env({"FLEET_ASYNC_AWAITING": "-1"})
     with pytest.raises(BadInput, match=r"FLEET_ASYNC_STRANDS='0' must be a whole number of 1"):
