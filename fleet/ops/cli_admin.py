@@ -55,6 +55,14 @@ def worker(
     queues: Annotated[str | None, typer.Option("--queues", "-Q")] = None,
     pool: Annotated[str, typer.Option(help="prefork | threads | solo | gevent")] = "threads",
     loglevel: LogLevelOpt = "INFO",
+    task_events: Annotated[
+        bool,
+        typer.Option(
+            "--task-events",
+            "-E",
+            help="send Celery task events from the start (Flower turns them on when it watches)",
+        ),
+    ] = False,
 ) -> None:
     """Start a Celery worker that advances runs and executes steps."""
     guard(lambda: check_worker_options(concurrency, pool, loglevel))
@@ -69,6 +77,8 @@ def worker(
         "--without-mingle",
         "--without-gossip",
     ]
+    if task_events:
+        argv.append("--task-events")
     if fleet.settings.worker_name:
         argv.append(f"--hostname={fleet.settings.worker_name}@%h")
     raise typer.Exit(run_celery(fleet, argv))

@@ -249,24 +249,30 @@ def test_metrics_carry_no_series_per_run_or_step_id(stack: Stack) -> None:
     from tests import flows
 
     client = flows.fleet.with_settings(Settings.from_env(stack.env))
-    try:
-        marker = uuid.uuid4().hex[:10]
-        runs = [client.enqueue("fan", 3, run_id=f"metrics-{marker}-{i}") for i in range(4)]
-        for run in runs:
-            assert run.wait(timeout=60)["total"] == 0 + 1 + 4
-    finally:
-        client.runtime.db.dispose()
+    marker = uuid.uuid4().hex[:10]
+    runs: list[Any] = []
 
     def settled() -> str | None:
+        """Flower's /metrics once it has counted eight step tasks (each run's advance
+        ran its first item itself and sent the other two as messages). The worker sends
+        task events once Flower has turned them on (``enable_events``): runs that ended
+        before then are not counted, so four more run at each look."""
+        batch = [
+            client.enqueue("fan", 3, run_id=f"metrics-{marker}-{len(runs) + i}") for i in range(4)
+        ]
+        runs.extend(batch)
+        for run in batch:
+            assert run.wait(timeout=60)["total"] == 0 + 1 + 4
         body = get(stack.flower.url + "/metrics").body
-        # Each run's advance ran its first item itself and sent the other two as
-        # messages (the step after them ran inline): eight step tasks reached Flower.
         runtime = re.search(
             r'flower_task_runtime_seconds_count\{task="fan\.square",[^}]*\} (\d+)', body
         )
-        return body if runtime and float(runtime.group(1)) >= 2 * len(runs) else None
+        return body if runtime and float(runtime.group(1)) >= 8 else None
 
-    body = poll(settled, 30, "Flower's /metrics to count the runs' step tasks", 0.5)
+    try:
+        body = poll(settled, 60, "Flower's /metrics to count the runs' step tasks", 0.5)
+    finally:
+        client.runtime.db.dispose()
     assert marker not in body, [line for line in body.splitlines() if marker in line][:5]
     tasks = set(TASK_LABEL.findall(body))
     assert "fan.square" in tasks, tasks

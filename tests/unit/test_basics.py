@@ -110,3 +110,25 @@ def test_secrets_are_recorded_by_name_only(monkeypatch: pytest.MonkeyPatch) -> N
 
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(Secret("sk-live-123"))
+
+
+def test_task_events_are_off_until_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery's default: a worker sends task events only once something watching turns
+    them on (Flower's ``enable_events``) or ``fleet worker --task-events`` asks."""
+    from typer.testing import CliRunner
+
+    from fleet.ops import cli, cli_admin
+
+    app = Fleet("t", settings=Settings(broker_url="redis://127.0.0.1:6379/0"))
+    assert app.celery.conf.worker_send_task_events is False
+    started: list[list[str]] = []
+    monkeypatch.setattr(cli_admin, "run_celery", lambda _fleet, argv: started.append(argv) or 0)
+    monkeypatch.setattr(cli_admin, "setup_logging", lambda _level: None)
+    monkeypatch.setenv("FLEET_DATABASE_URL", f"sqlite:///{tmp_path}/fleet.db")
+    monkeypatch.setenv("FLEET_BROKER_URL", f"filesystem:///{tmp_path}/broker")
+    for flags, events in (([], False), (["--task-events"], True), (["-E"], True)):
+        done = CliRunner().invoke(cli.app, ["worker", "-A", "tests.flows", *flags])
+        assert done.exit_code == 0, done.output
+        assert ("--task-events" in started[-1]) is events, started[-1]
