@@ -49,6 +49,9 @@ __all__ = [
     "TakeRefused",
 ]
 
+# What a replay moves its run from, and the transition that does it (``begin_replay``).
+_BEGIN_REPLAY = {RunStatus.QUEUED: sql.START_RUN, RunStatus.WAITING: sql.RESUME_RUN}
+
 
 @dataclass(frozen=True)
 class NewStep:
@@ -151,6 +154,18 @@ class Ledger(Family):
     def resume_run(self, run_id: str) -> bool:
         """resume_run: waiting → running, before a replay acts on a signal or a timer."""
         return self._move_run(sql.RESUME_RUN, run_id)
+
+    def begin_replay(self, run_id: str, status: RunStatus) -> None:
+        """Before a replay acts: start_run (queued → running) or resume_run (waiting →
+        running), by ``status`` as the replay read it; nothing for a running run. In a
+        bound transaction it goes out with the replay's next statements, its answer not
+        waited for: zero rows means another advance moved the run first (harmless,
+        the replay's own writes are conditional too)."""
+        stmt = _BEGIN_REPLAY.get(status)
+        if stmt is None:
+            return
+        with self.db.begin(self.tx) as conn:
+            driver.send(conn, stmt, {"b_run": run_id})
 
     def _move_run(self, stmt: Executable, run_id: str) -> bool:
         """A run transition with no derived writes. False: the run was not in its sources.

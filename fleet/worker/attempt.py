@@ -94,15 +94,6 @@ def take(rt: Runtime, run_id: str, step_id: str) -> Attempt | None:
     return _leased(rt, run, step_id, sd)
 
 
-def take_recorded(rt: Runtime, run: RunRow, step_id: str, name: str) -> Attempt | None:
-    """Take the lease of a step this process's replay has just recorded, with the run
-    row that replay read: no read of its own. This worker has the run's version (it
-    replayed it) and the step (the replay called it); a step naming limits never comes
-    here (it takes room first, ``take``). A refusal (another delivery took it first) is
-    routed as any."""
-    return _leased(rt, run, step_id, rt.registry.steps[name])
-
-
 def _leased(rt: Runtime, run: RunRow, step_id: str, sd: StepDef) -> Attempt | None:
     lease = rt.ledger.take_lease(
         run.id, step_id, rt.worker_name, rt.settings.lease_seconds, run.limited

@@ -13,15 +13,17 @@ An async step's attempt may go on off its slot, as a greenlet on a strand
 
 An advance (a new run's first, a waiting run's resume when its signal came or its
 timer fired, a fan-in's wake-up) does the same with the first task step its replay
-recorded (``advance_steps``): the others are sent, that one's lease is taken with the
-run row the replay read (``attempt.take_recorded``: no second read) and it runs here.
-The replay has recorded it in the store already, so the sweeper sends it if this
-process dies first; a message for it that is also delivered drops itself on the live
-lease. A step naming limits is sent (it takes room before its lease).
+recorded (``advance_steps``): the replay and that step's lease are one transaction
+(the run started or resumed, its next steps recorded, the run marked advanced, the
+lease taken at the COMMIT), the others are sent once it has committed, and that one
+runs here. The replay has recorded it in the store already, so the sweeper sends it if
+this process dies first; a message for it that is also delivered drops itself on the
+live lease. A step naming limits is sent (it takes room before its lease).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -32,14 +34,18 @@ from celery.worker import state as worker_state
 
 from fleet.logs import log_context
 from fleet.registry import is_async
+from fleet.store.engine import CommitUnknown
 from fleet.store.ledger import Lease, TakeRefused
+from fleet.store.rows import RunRow
 from fleet.worker import process, strands
-from fleet.worker.attempt import commit, perform, running, take, take_recorded
+from fleet.worker.attempt import commit, perform, running, take
 from fleet.worker.context import Attempt
 from fleet.worker.failures import refused
 from fleet.worker.replay import Replayed, replay_run
 from fleet.worker.runtime import Runtime
 from fleet.worker.workflow import NewTask
+
+log = logging.getLogger("fleet.replay")
 
 # However many steps ``inline_steps`` allows, a task hands the run back to the queue
 # after this long if others wait for a slot (messages on the worker's queues, or tasks
@@ -90,19 +96,72 @@ def advance_steps(rt: Runtime, run_id: str) -> int:
     what it recorded but its first task step, and execute that one here, then the
     run's next ones as ``run_steps`` does. Returns how many attempts it ran."""
     with log_context(run_id=run_id):
-        replayed = replay_run(rt, run_id)
-    if replayed is None:
+        kept = _replay_keeping_first(rt, run_id)
+    if kept is None:
         return 0
+    replayed, first = kept
+    replayed.send(rt)
+    if first is None:
+        return 0
+    with log_context(run_id=run_id, step_id=first.step_id):
+        att = _lease_of(rt, replayed.run, first)
+    return _chain(att, _task_limits(rt), 0)
+
+
+def _replay_keeping_first(rt: Runtime, run_id: str) -> tuple[Replayed, _Kept | None] | None:
+    """Replay the run and take the lease of its first task step in one transaction:
+    the run started or resumed, its next steps recorded, the run marked advanced and
+    that step's lease taken commit together (one commit to wait for instead of four
+    for a new run; the take goes out with the COMMIT). Returns what is left to send and
+    the step kept; None: the run was not replayed. If that transaction fails, each
+    store call is made on its own, as ``commit`` falls back.
+
+    Postgres only: there the transaction locks nothing until the workflow has run (its
+    first write, ``Ledger.begin_replay``, comes after), so a worker frozen in the
+    workflow blocks no other advance of the run. SQLite takes its write lock at BEGIN:
+    there each store call stays its own transaction, as a frozen replay must not hold
+    the whole store."""
+    if rt.settings.is_sqlite:
+        return _replay_then_keep(rt, run_id)
+    try:
+        with rt.db.transaction() as tx:
+            bound = rt.within(tx)
+            replayed = replay_run(bound, run_id)
+            kept = None if replayed is None else _keep_first(bound, replayed)
+    except CommitUnknown:
+        raise  # it may have applied: the sweeper sends the run's advance if it did not
+    except Exception as exc:  # noqa: BLE001 - rolled back whole: nothing of it applied
+        log.warning(
+            "advance of run %s in one transaction failed (%s); store call by store call instead",
+            run_id,
+            exc,
+        )
+        return _replay_then_keep(rt, run_id)
+    return kept
+
+
+def _replay_then_keep(rt: Runtime, run_id: str) -> tuple[Replayed, _Kept | None] | None:
+    """The fallback: the replay's store calls each their own transaction, then the
+    first task step's lease taken in one of its own, with the run row the replay read."""
+    replayed = replay_run(rt, run_id)
+    return None if replayed is None else _keep_first(rt, replayed)
+
+
+def _keep_first(rt: Runtime, replayed: Replayed) -> tuple[Replayed, _Kept | None]:
+    """The replay's first task step taken to run here (its lease taken in ``rt``'s
+    transaction, at its commit, if it is bound to one); the others left to send."""
     first = _first_to_run(rt, replayed)
     if first is None:
-        replayed.send(rt)
-        return 0
-    replace(replayed, tasks=[t for t in replayed.tasks if t is not first]).send(rt)
-    # The run's row is the one the replay read: the step's lease is taken without
-    # reading them again (a transaction fewer for every run's first step).
-    with log_context(run_id=run_id, step_id=first.step_id):
-        att = take_recorded(rt, replayed.run, first.step_id, first.name)
-    return _chain(att, _task_limits(rt), 0)
+        return replayed, None
+    lease = rt.ledger.take_lease_at_commit(
+        replayed.run.id,
+        first.step_id,
+        rt.worker_name,
+        rt.settings.lease_seconds,
+        replayed.run.limited,
+    )
+    rest = [t for t in replayed.tasks if t is not first]
+    return replace(replayed, tasks=rest), _Kept(first.step_id, lease)
 
 
 def _first_to_run(rt: Runtime, replayed: Replayed) -> NewTask | None:
@@ -235,12 +294,15 @@ def _async_step(rt: Runtime, name: str) -> bool:
 
 def _next_attempt(att: Attempt, kept: _Kept | None) -> Attempt | None:
     """After the commit: the kept step's attempt, or why its lease was refused, acted on."""
-    if kept is None:
-        return None
-    rt = att.rt
+    return None if kept is None else _lease_of(att.rt, att.run, kept)
+
+
+def _lease_of(rt: Runtime, run: RunRow, kept: _Kept) -> Attempt | None:
+    """Once what took it has committed: the kept step's attempt, or why its lease was
+    refused, acted on (``failures.refused``)."""
     lease = kept.lease()
     if isinstance(lease, TakeRefused):
-        refused(rt, att.run, kept.step_id, lease)
+        refused(rt, run, kept.step_id, lease)
         return None
     # The replay has just called the step, so this worker has it.
-    return Attempt(rt, att.run, rt.registry.steps[lease.name], lease)
+    return Attempt(rt, run, rt.registry.steps[lease.name], lease)

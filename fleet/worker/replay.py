@@ -138,10 +138,6 @@ def _replay(
     wf = pinned_workflow(rt, run)
     if wf is None:
         return None
-    if status is RunStatus.QUEUED:
-        rt.ledger.start_run(run_id)
-    elif status is RunStatus.WAITING:
-        rt.ledger.resume_run(run_id)
     live = lives.RUNS.take(rt, run, history, wf)
     if live is not None:
         ctx = live.ctx
@@ -151,27 +147,25 @@ def _replay(
     # Whether the replay suspends, returns or raises, what it recorded is to be sent.
     replayed = Replayed(run, ctx.new_tasks, ctx.new_children)
     try:
-        if live is None:
-            # Arguments that cannot be loaded fail the run (PayloadError), once.
-            args, kwargs = rt.payloads.load_call(run.args, f"arguments of run {run_id}")
-            live = lives.start(rt, wf, ctx, args, kwargs)
-        else:
-            args, kwargs = live.args, live.kwargs
-            for value in live.revealed:
-                redact.add(value)
-        redact.watch((args, kwargs))
-        result = wf.fn(ctx, *args, **kwargs) if live is None else live.run()
-        if result is PARKED:
-            raise Suspend
-        if ctx._pos < len(ctx._history):
-            raise NonDeterminism(
-                f"non-determinism in run {run_id}: the workflow returned after {ctx._pos} steps "
-                f"but the history has {len(ctx._history)} (next recorded: "
-                f"{ctx._history[ctx._pos].step_id!r})"
-            )
-        unfinished = ctx.talk.unfinished()
-        if unfinished:
-            raise NonDeterminism(unfinished)
+        try:
+            if live is None:
+                # Arguments that cannot be loaded fail the run (PayloadError), once.
+                args, kwargs = rt.payloads.load_call(run.args, f"arguments of run {run_id}")
+                live = lives.start(rt, wf, ctx, args, kwargs)
+            else:
+                args, kwargs = live.args, live.kwargs
+                for value in live.revealed:
+                    redact.add(value)
+            redact.watch((args, kwargs))
+            result = wf.fn(ctx, *args, **kwargs) if live is None else live.run()
+            if result is PARKED:
+                raise Suspend
+            _check_all_replayed(ctx, run_id)
+        finally:
+            # The run moves on (queued or waiting → running) once the workflow has run,
+            # first of the replay's writes: in an advance's one transaction nothing is
+            # locked while the workflow runs (a worker frozen in it blocks no other).
+            rt.ledger.begin_replay(run_id, status)
         encoded = rt.payloads.dump(result, what=f"result of run {run_id}")
         ctx.flush()
     except Suspend:
@@ -204,6 +198,19 @@ def _replay(
     if run.parent_id is not None:  # it ended: its parent's child step has its outcome
         replayed.parents.append(run.parent_id)
     return replayed
+
+
+def _check_all_replayed(ctx: WorkflowContext, run_id: str) -> None:
+    """A workflow that returned must have met every recorded step and message."""
+    if ctx._pos < len(ctx._history):
+        raise NonDeterminism(
+            f"non-determinism in run {run_id}: the workflow returned after {ctx._pos} steps "
+            f"but the history has {len(ctx._history)} (next recorded: "
+            f"{ctx._history[ctx._pos].step_id!r})"
+        )
+    unfinished = ctx.talk.unfinished()
+    if unfinished:
+        raise NonDeterminism(unfinished)
 
 
 def _fail(rt: Runtime, run_id: str, error: str, ctx: WorkflowContext | None = None) -> None:

@@ -9,12 +9,15 @@ itself in the resumed step: ``fleet worker -A tests.integration.test_signal_inli
 
 from __future__ import annotations
 
+import logging
 import os
 import signal as signals
+from typing import Any
 
 import pytest
 
 from fleet import Fleet, RetryPolicy, StepContext, WorkflowContext
+from fleet.errors import StoreUnavailable
 from fleet.store.ledger import Lease
 from fleet.worker.dispatch import ADVANCE, EXECUTE
 from fleet.worker.inline import advance_steps
@@ -101,6 +104,38 @@ def test_the_advance_of_a_new_run_runs_its_first_step_in_its_own_task(
     assert find_event(backend, run.id, "work#1", "end", pid=os.getpid())
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_an_advance_whose_one_transaction_fails_is_made_store_call_by_store_call(
+    backend: Backend, client: Fleet, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The replay and the first step's lease are one transaction: when it fails (here
+    the record of the step, the connection lost), none of it applies, and the advance
+    is made again with each store call on its own, as a step's commit falls back."""
+    monkeypatch.setenv("FLEET_TEST_LOG", str(backend.log_path))
+    broker = InlineBroker(client)
+    run = client.enqueue("approval")
+    broker.sent.clear()
+    ledger = type(client.runtime.ledger)
+    record = ledger.record_steps
+    failed: list[str] = []
+
+    def lost_in_the_transaction(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.tx is not None and not failed:
+            failed.append(run.status())
+            raise StoreUnavailable("the connection was lost")
+        return record(self, *args, **kwargs)
+
+    monkeypatch.setattr(ledger, "record_steps", lost_in_the_transaction)
+    with caplog.at_level(logging.WARNING, logger="fleet.replay"):
+        assert advance_steps(client.runtime, run.id) == 1, "work#1 ran all the same"
+    assert failed == ["queued"], "the start of the run had not committed when it failed"
+    assert "in one transaction failed" in caplog.text
+    assert run.status() == "waiting"
+    (work1,) = run.steps()
+    assert (work1.id, work1.status, work1.attempts, work1.epoch) == ("work#1", "done", 1, 1)
+    assert [e["step"] for e in executions(backend, run.id) if e["event"] == "start"] == ["work#1"]
+
+
 def test_a_second_advance_of_the_same_signal_drops_the_step_on_the_live_lease(
     backend: Backend, client: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -118,7 +153,8 @@ def test_a_second_advance_of_the_same_signal_drops_the_step_on_the_live_lease(
     assert replayed is not None and [t.step_id for t in replayed.tasks] == ["work#2"]
     lease = rt.ledger.take_lease(run_id, "work#2", "elsewhere:1", 60.0)  # ... and runs it
     assert isinstance(lease, Lease)
-    monkeypatch.setattr(rt.queries, "snapshot", lambda _run_id: stale)
+    # Every Queries reads it, the one bound to the advance's transaction included.
+    monkeypatch.setattr(type(rt.queries), "snapshot", lambda _self, _run_id: stale)
     assert advance_steps(rt, run_id) == 0, "the second one runs nothing"
     assert broker.sent == [], "and sends nothing"
     assert not [e for e in executions(backend, run_id) if e["step"] == "work#2"]
