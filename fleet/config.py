@@ -40,6 +40,19 @@ def _count(env: Mapping[str, str], name: str, default: int, least: int = 1) -> i
     return int(text)
 
 
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """``1``/``0`` (or ``true``/``false``, ``yes``/``no``, ``on``/``off``)."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise BadInput(f"{name}={raw!r} must be 1 or 0")
+
+
 def _gc_threshold(env: Mapping[str, str], default: tuple[int, int, int] | None) -> Any:
     """``FLEET_GC_THRESHOLD``: three whole numbers (``5000,20,100``, gc.set_threshold's),
     the first at least 1, or ``python`` for the interpreter's own thresholds."""
@@ -92,6 +105,10 @@ class Settings:
     # an awaiting step holds no thread. Past it they wait on their slots; 0: always.
     async_awaiting: int = 1000
     async_strands: int = 8
+    # On Postgres those attempts run on the event loop's own thread instead, at most
+    # ``async_strands`` of them in the store at once (fleet/worker/on_loop.py); 0:
+    # on strand threads, as on SQLite.
+    async_on_loop: bool = True
     # A worker process freezes what its start-up built and collects cycles at these
     # thresholds (fleet/worker/collector.py); None (``python``): the interpreter's own.
     gc_threshold: tuple[int, int, int] | None = (5000, 20, 100)
@@ -135,6 +152,7 @@ class Settings:
             db_pool_max=_count(env, "FLEET_DB_POOL_MAX", cls.db_pool_max),
             async_awaiting=_count(env, "FLEET_ASYNC_AWAITING", cls.async_awaiting, least=0),
             async_strands=_count(env, "FLEET_ASYNC_STRANDS", cls.async_strands),
+            async_on_loop=_flag(env, "FLEET_ASYNC_ON_LOOP", cls.async_on_loop),
             live_runs=_count(env, "FLEET_LIVE_RUNS", cls.live_runs, least=0),
             gc_threshold=_gc_threshold(env, cls.gc_threshold),
             retention=env_duration(env, "FLEET_RETENTION"),

@@ -29,7 +29,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from fleet.errors import BadInput, StoreUnavailable
-from fleet.store import wire
+from fleet.store import waits, wire
 from fleet.store.history import HistoryCache
 from fleet.store.message_cache import MessageCache
 
@@ -137,6 +137,8 @@ def make_engine(url: str, pool_size: int | None = None) -> Engine:
     except (NoSuchModuleError, ImportError) as exc:
         raise BadInput(f"database URL {redact(url)} cannot be used: {exc}") from None
     _ping_idle_connections(engine)
+    if engine.dialect.driver == "psycopg":  # a greenlet may wait its own way (waits.py)
+        waits.cooperative(engine)
     # A statement run through SQLAlchemy first sends what the driver left pending.
     event.listen(engine, "before_cursor_execute", wire.settle)
     return engine
@@ -271,6 +273,11 @@ class Database:
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
+
+    @property
+    def cooperative(self) -> bool:
+        """Its connections wait the way the calling greenlet says (fleet/store/waits.py)."""
+        return self.engine.dialect.driver == "psycopg"
 
     @property
     def wired(self) -> bool:

@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 from fleet.errors import NonRetryable
@@ -35,6 +36,7 @@ from fleet.registry import is_async
 from fleet.worker import strands
 from fleet.worker.context import LeaseLost
 from fleet.worker.heartbeat import Heartbeat
+from fleet.worker.on_loop import OnLoop
 from fleet.worker.runtime import under_gevent
 
 log = logging.getLogger("fleet.attempt")
@@ -77,6 +79,8 @@ class EventLoop:
         # goes with the coroutine, named here rather than left to where the task is made.
         call = _Call(coro, contextvars.copy_context())
         strand = strands.current()
+        if isinstance(strand, OnLoop):
+            return _run_on_loop(strand, call, hb, what)
         if strand is not None:  # a greenlet on a strand parks; its thread runs others
             call.wake = strand.waker(thread)
         loop.call_soon_threadsafe(call.start, loop)
@@ -90,6 +94,20 @@ class EventLoop:
             if not thread.is_alive():
                 raise RuntimeError(f"{what}: the worker's event loop stopped")
         return call.outcome(hb, what)
+
+
+def _run_on_loop(strand: OnLoop, call: _Call, hb: Heartbeat, what: str) -> Any:
+    """On the loop's own thread (fleet/worker/on_loop.py): the task is made here and
+    its end switches back here; meanwhile the attempt holds no store token."""
+    loop = strand.loop
+    call.wake = strand.waker(strand.thread)
+    call.start(loop)
+    hb.when_lost(lambda: loop.call_soon_threadsafe(call.cancel))
+    strand.release()
+    if not call.done.is_set():  # set already only if the task could not be made
+        strand.sleep()
+    strand.acquire()
+    return call.outcome(hb, what)
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
@@ -189,7 +207,8 @@ class Runner:
                     "run its worker with --pool threads or prefork"
                 )
             return self._loop.run(fn(*args, **kwargs), self._hb, f"step {self._step!r}")
-        out = fn(*args, **kwargs)
+        # No sync user code on the loop's thread: there it runs on a thread of its own.
+        out = strands.off_the_loop(partial(fn, *args, **kwargs))
         if inspect.isawaitable(out):
             if inspect.iscoroutine(out):
                 out.close()  # never awaited, on purpose: no warning about it

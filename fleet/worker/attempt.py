@@ -28,7 +28,7 @@ from fleet.store.engine import CommitUnknown
 from fleet.store.ledger import Committed, Lease, TakeRefused
 from fleet.store.rows import RunRow
 from fleet.worker import gate as limits_gate
-from fleet.worker import process
+from fleet.worker import process, strands
 from fleet.worker.aio import Runner
 from fleet.worker.context import Attempt, StepContext
 from fleet.worker.effects import Gate, Reconciled, effect_gate
@@ -225,8 +225,9 @@ def _claimed(
 
 def _sent(rt: Runtime, kept: tuple[Replayed | None, T | None]) -> T | None:
     replayed, handed = kept
-    if replayed is not None:
-        replayed.send(rt)
+    if replayed is not None and replayed.sends:
+        # The broker's round trips (its retries, if it does not answer) off the loop.
+        strands.off_the_loop(replayed.send, rt)
     return handed
 
 

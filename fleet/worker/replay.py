@@ -62,6 +62,11 @@ class Replayed:
     children: list[NewChild] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
 
+    @property
+    def sends(self) -> bool:
+        """Whether ``send`` has anything to send."""
+        return bool(self.tasks or self.children or self.parents)
+
     def send(self, rt: Runtime) -> None:
         """One message per new task step, one advance per new child run and per parent
         to wake; a failure to send is the sweeper's to repair."""

@@ -29,16 +29,22 @@ The rules that keep it safe:
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import greenlet
 
+from fleet.worker.on_loop import OnLoop
+
 log = logging.getLogger("fleet.attempt")
+
+T = TypeVar("T")
 
 # How often a strand checks that the loop its parked greenlets wait on is alive.
 _ALIVE_CHECK = 1.0
@@ -135,12 +141,26 @@ class Strand:
 _local = threading.local()
 
 
-def current() -> Strand | None:
+def current() -> Strand | OnLoop | None:
     """The strand the calling greenlet runs on, or None on any other thread (a slot)."""
-    strand: Strand | None = getattr(_local, "strand", None)
+    strand: Strand | OnLoop | None = getattr(_local, "strand", None)
     if strand is None or not strand.owns(greenlet.getcurrent()):
         return None
     return strand
+
+
+def _bind(strand: OnLoop) -> None:
+    _local.strand = strand
+
+
+def off_the_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` here; on the loop's own thread (an attempt there, on a Postgres
+    store), on a thread of its own while the calling greenlet waits: sync work that
+    may block (user code, a broker that does not answer) never stalls the loop."""
+    strand = current()
+    if isinstance(strand, OnLoop):
+        return strand.off_thread(fn, *args)
+    return fn(*args)
 
 
 class Strands:
@@ -150,30 +170,47 @@ class Strands:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._strands: list[Strand] = []
+        self._on_loop: OnLoop | None = None
         self._capacity = 0
         self._held = 0
         self._next = 0
 
-    def configure(self, threads: int, capacity: int) -> None:
+    def configure(
+        self,
+        threads: int,
+        capacity: int,
+        loop: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None,
+    ) -> None:
         """Take attempts off their slots from now on: ``capacity`` at most, on
-        ``threads`` strands (made now; 0 capacity: none leave their slot)."""
+        ``threads`` strands (made now; 0 capacity: none leave their slot), or, given
+        ``loop`` (the process's event loop and its thread: a Postgres store), on that
+        loop's thread with ``threads`` store connections between them
+        (fleet/worker/on_loop.py)."""
         with self._lock:
             self._capacity = capacity
+            if capacity and loop is not None:
+                self._on_loop = OnLoop(loop[0], loop[1], threads, self._release, _bind)
+                return
             while capacity and len(self._strands) < threads:
                 self._strands.append(Strand(f"fleet-strand-{len(self._strands)}", self._release))
 
     @property
     def on(self) -> bool:
-        return self._capacity > 0 and bool(self._strands)
+        return self._capacity > 0 and (bool(self._strands) or self._on_loop is not None)
 
     def hand(self, fn: Callable[[], object]) -> bool:
         """Run ``fn`` on a strand if one has room (True); False: run it here."""
         with self._lock:
-            if not self._strands or self._held >= self._capacity:
+            if self._held >= self._capacity:
+                return False
+            if self._on_loop is not None and self._on_loop.alive:
+                strand: Strand | OnLoop = self._on_loop
+            elif self._strands:
+                strand = self._strands[self._next % len(self._strands)]
+                self._next += 1
+            else:
                 return False
             self._held += 1
-            strand = self._strands[self._next % len(self._strands)]
-            self._next += 1
         strand.spawn(fn, contextvars.copy_context())
         return True
 

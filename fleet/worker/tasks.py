@@ -101,9 +101,16 @@ def _start_strands(sender: Any, instance: Any, **_: Any) -> None:
     if rt is None or getattr(instance.pool_cls, "__module__", None) != _THREADS_POOL:
         return
     awaiting, threads = rt.settings.async_awaiting, rt.settings.async_strands
-    process.current().strands.configure(threads, awaiting)
+    proc = process.current()
+    # On Postgres, on the loop's own thread (fleet/worker/on_loop.py); SQLite's calls
+    # cannot wait on the loop: strand threads.
+    on_loop = rt.settings.async_on_loop and rt.db.cooperative
+    proc.strands.configure(threads, awaiting, proc.loop.current() if on_loop else None)
     if awaiting:
-        log.info("async steps: up to %d awaiting off the slots, on %d strands", awaiting, threads)
+        where = f"on the event loop's thread, {threads} in the store at once" if on_loop else (
+            f"on {threads} strands"
+        )
+        log.info("async steps: up to %d awaiting off the slots, %s", awaiting, where)
 
 
 def _tune_collector(sender: Any, instance: Any, **_: Any) -> None:

@@ -186,3 +186,8 @@ def test_the_settings_are_whole_numbers_and_awaiting_may_be_zero() -> None:
         Settings.from_env({"FLEET_ASYNC_AWAITING": "-1"})
     with pytest.raises(BadInput, match=r"FLEET_ASYNC_STRANDS='0' must be a whole number of 1"):
         Settings.from_env({"FLEET_ASYNC_STRANDS": "0"})
+    assert Settings.from_env({}).async_on_loop is True
+    assert Settings.from_env({"FLEET_ASYNC_ON_LOOP": "0"}).async_on_loop is False
+    assert Settings.from_env({"FLEET_ASYNC_ON_LOOP": " Yes "}).async_on_loop is True
+    with pytest.raises(BadInput, match=r"FLEET_ASYNC_ON_LOOP='maybe' must be 1 or 0"):
+        Settings.from_env({"FLEET_ASYNC_ON_LOOP": "maybe"})

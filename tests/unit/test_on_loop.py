@@ -1,0 +1,207 @@
+"""Attempts on the loop's own thread (``fleet/worker/on_loop.py``): many await at once on
+that one thread, a socket wait parks only its own greenlet, at most ``tokens`` of them
+hold the store at once, sync code runs on a thread of its own, room is handed back and
+the sender's context goes along. A fake ledger and sockets; no services."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import greenlet
+import pytest
+
+from fleet.store import waits
+from fleet.store.waits import READABLE, WRITABLE
+from fleet.worker import strands
+from fleet.worker.aio import EventLoop
+from fleet.worker.on_loop import OnLoop
+from fleet.worker.strands import Strands
+from tests.harness import poll
+from tests.unit.test_strands import _attempt
+
+
+def _on_loop(tokens: int = 8, capacity: int = 50) -> tuple[Strands, EventLoop]:
+    loop = EventLoop()
+    pool = Strands()
+    pool.configure(threads=tokens, capacity=capacity, loop=loop.current())
+    return pool, loop
+
+
+def _store_round_trip(sock: socket.socket) -> int:
+    """A round trip's wait as an attempt's store connection makes it
+    (fleet/store/waits.py): parked until the socket can be read."""
+    ready = greenlet.getcurrent().park_on_socket(sock.fileno(), True, False)
+    assert ready == READABLE
+    return len(sock.recv(100))
+
+
+def test_the_loop_s_thread_awaits_many_coroutines_at_once() -> None:
+    pool, loop = _on_loop()
+    gate = threading.Event()
+    awaiting = most = 0
+    threads: set[str] = set()
+    results: list[int] = []
+
+    async def body(i: int) -> int:
+        nonlocal awaiting, most
+        awaiting += 1
+        most = max(most, awaiting)
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+        awaiting -= 1
+        return i * i
+
+    def attempt(i: int) -> None:
+        threads.add(threading.current_thread().name)
+        assert isinstance(strands.current(), OnLoop), "it knows where it runs"
+        results.append(_attempt(loop, body, i))
+
+    for i in range(20):
+        assert pool.hand(lambda i=i: attempt(i))
+    poll(lambda: most == 20, 10, "all twenty awaiting at once")
+    gate.set()
+    assert pool.drain(10), "every attempt ended"
+    assert sorted(results) == [i * i for i in range(20)]
+    assert threads == {"fleet-asyncio"}, "twenty attempts, no thread of their own"
+
+
+def test_a_socket_wait_parks_only_its_own_greenlet() -> None:
+    pool, _loop = _on_loop()
+    waiting, peer = socket.socketpair()
+    order: list[str] = []
+
+    def slow() -> None:
+        order.append("slow sent")
+        order.append(f"slow got {_store_round_trip(waiting)}")
+
+    def quick() -> None:
+        order.append("quick ran")
+        peer.send(b"abc")  # the answer the slow one waits for
+
+    assert pool.hand(slow)
+    poll(lambda: order == ["slow sent"], 10, "the slow one to wait")
+    assert pool.hand(quick)
+    assert pool.drain(10)
+    assert order == ["slow sent", "quick ran", "slow got 3"], "the loop ran the other meanwhile"
+    waiting.close()
+    peer.close()
+
+
+def test_at_most_tokens_attempts_hold_the_store_at_once() -> None:
+    pool, _loop = _on_loop(tokens=2)
+    pairs = [socket.socketpair() for _ in range(6)]
+    holding = most = 0
+
+    def attempt(sock: socket.socket) -> None:
+        nonlocal holding, most
+        holding += 1  # between its start and its end it holds a token
+        most = max(most, holding)
+        _store_round_trip(sock)
+        holding -= 1
+
+    for sock, _ in pairs:
+        assert pool.hand(lambda sock=sock: attempt(sock))
+    poll(lambda: holding == 2, 10, "two attempts in the store")
+    time.sleep(0.2)
+    assert holding == 2, "the others wait for a token, not for a connection"
+    for _, peer in pairs:
+        peer.send(b"x")
+    assert pool.drain(10)
+    assert most == 2
+    for a, b in pairs:
+        a.close()
+        b.close()
+
+
+def test_an_awaiting_attempt_holds_no_token() -> None:
+    pool, loop = _on_loop(tokens=1)
+    gate = threading.Event()
+    awaiting = 0
+
+    async def body() -> None:
+        nonlocal awaiting
+        awaiting += 1
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+
+    for _ in range(5):
+        assert pool.hand(lambda: _attempt(loop, body))
+    poll(lambda: awaiting == 5, 10, "five awaiting on one token")
+    gate.set()
+    assert pool.drain(10)
+
+
+def test_sync_code_runs_on_a_thread_of_its_own() -> None:
+    pool, loop = _on_loop()
+    seen: list[Any] = []
+
+    def hook(x: int) -> int:
+        seen.append(threading.current_thread().name)
+        return x + 1
+
+    def failing() -> None:
+        raise ValueError("the hook's own error")
+
+    def attempt() -> None:
+        seen.append(_attempt(loop, hook, 41))
+        with pytest.raises(ValueError, match="the hook's own error"):
+            _attempt(loop, failing)
+        seen.append("went on")
+
+    assert pool.hand(attempt)
+    assert pool.drain(10)
+    assert seen[0].startswith("fleet-off-loop") and seen[1:] == [42, "went on"]
+
+
+def test_room_is_given_back_and_the_sender_s_context_goes_along() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("where", default="unset")
+    pool, _loop = _on_loop(capacity=1)
+    seen: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("outside any step")
+
+    assert pool.hand(boom)
+    assert pool.drain(10)
+    var.set("the slot's")
+    assert pool.hand(lambda: seen.append(var.get())), "room given back after a failure"
+    assert pool.drain(10)
+    assert seen == ["the slot's"]
+
+
+def test_a_dead_loop_takes_no_more_attempts() -> None:
+    pool, loop = _on_loop()
+    event_loop, _thread = loop.current()
+    event_loop.call_soon_threadsafe(event_loop.stop)
+    poll(lambda: not _thread.is_alive(), 10, "the loop's thread to end")
+    assert not pool.hand(lambda: None), "run on its slot instead"
+
+
+def test_a_store_wait_parks_only_when_the_socket_is_not_ready_at_once() -> None:
+    """``waits._drive``: psycopg's generator asks to read and write; a socket that can be
+    written at once is not parked on (no turn of the loop); a read that must wait is."""
+    a, b = socket.socketpair()
+    parked: list[tuple[bool, bool]] = []
+
+    def park(fileno: int, reading: bool, writing: bool) -> int:
+        parked.append((reading, writing))
+        b.send(b"answer")  # what the server would send meanwhile
+        return READABLE
+
+    def operation() -> Iterator[int]:
+        ready = yield 3  # Wait.RW: send the query, or read an early answer
+        assert ready == WRITABLE, "writable at once, nothing to read yet"
+        ready = yield 1  # Wait.R: the answer
+        assert ready == READABLE
+        return len(a.recv(100))
+
+    assert waits._drive(operation(), a.fileno(), park) == len(b"answer")
+    assert parked == [(True, False)], "parked once, for the answer only"
+    a.close()
+    b.close()
