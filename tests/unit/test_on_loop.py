@@ -1,7 +1,7 @@
-"""Attempts on the loop's own thread (``fleet/worker/on_loop.py``): many await at once on
-that one thread, a socket wait parks only its own greenlet, at most ``tokens`` of them
-hold the store at once, sync code runs on a thread of its own, room is handed back and
-the sender's context goes along. A fake ledger and sockets; no services."""
+"""Attempts on the loop's own thread (``fleet/worker/on_loop.py``; that many await at
+once there is tests/unit/test_strands.py's): a socket wait parks only its own greenlet,
+at most ``tokens`` of them hold the store at once, sync code runs on a thread of its
+own, room is handed back and the sender's context goes along. Sockets; no services."""
 
 from __future__ import annotations
 
@@ -18,9 +18,7 @@ import pytest
 
 from fleet.store import waits
 from fleet.store.waits import READABLE, WRITABLE
-from fleet.worker import strands
 from fleet.worker.aio import EventLoop
-from fleet.worker.on_loop import OnLoop
 from fleet.worker.strands import Strands
 from tests.harness import poll
 from tests.unit.test_strands import _attempt
@@ -39,36 +37,6 @@ def _store_round_trip(sock: socket.socket) -> int:
     ready = greenlet.getcurrent().park_on_socket(sock.fileno(), True, False)
     assert ready == READABLE
     return len(sock.recv(100))
-
-
-def test_the_loop_s_thread_awaits_many_coroutines_at_once() -> None:
-    pool, loop = _on_loop()
-    gate = threading.Event()
-    awaiting = most = 0
-    threads: set[str] = set()
-    results: list[int] = []
-
-    async def body(i: int) -> int:
-        nonlocal awaiting, most
-        awaiting += 1
-        most = max(most, awaiting)
-        while not gate.is_set():
-            await asyncio.sleep(0.01)
-        awaiting -= 1
-        return i * i
-
-    def attempt(i: int) -> None:
-        threads.add(threading.current_thread().name)
-        assert isinstance(strands.current(), OnLoop), "it knows where it runs"
-        results.append(_attempt(loop, body, i))
-
-    for i in range(20):
-        assert pool.hand(lambda i=i: attempt(i))
-    poll(lambda: most == 20, 10, "all twenty awaiting at once")
-    gate.set()
-    assert pool.drain(10), "every attempt ended"
-    assert sorted(results) == [i * i for i in range(20)]
-    assert threads == {"fleet-asyncio"}, "twenty attempts, no thread of their own"
 
 
 def test_a_socket_wait_parks_only_its_own_greenlet() -> None:

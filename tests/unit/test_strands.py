@@ -41,10 +41,14 @@ def _attempt(loop: EventLoop, fn: Callable[..., Any], *args: Any) -> Any:
         return Runner(loop, hb, "s")(fn, *args)
 
 
-def test_one_strand_thread_awaits_many_coroutines_at_once() -> None:
+@pytest.mark.parametrize(
+    ("where", "thread"), [("strand", "fleet-strand-0"), ("loop", "fleet-asyncio")]
+)
+def test_one_thread_awaits_many_coroutines_at_once(where: str, thread: str) -> None:
+    """On one strand thread, or on the loop's own thread (fleet/worker/on_loop.py)."""
     pool = Strands()
-    pool.configure(threads=1, capacity=50)
     loop = EventLoop()
+    pool.configure(threads=1, capacity=50, loop=loop.current() if where == "loop" else None)
     gate = threading.Event()
     awaiting = 0
     most = 0
@@ -62,7 +66,7 @@ def test_one_strand_thread_awaits_many_coroutines_at_once() -> None:
 
     def attempt(i: int) -> None:
         threads.add(threading.current_thread().name)
-        assert strands.current() is not None, "a greenlet on a strand knows its strand"
+        assert strands.current() is not None, "a greenlet off its slot knows where it runs"
         results.append(_attempt(loop, body, i))
 
     for i in range(20):
@@ -72,7 +76,7 @@ def test_one_strand_thread_awaits_many_coroutines_at_once() -> None:
     gate.set()
     assert pool.drain(10), "every attempt ended"
     assert sorted(results) == [i * i for i in range(20)]
-    assert threads == {"fleet-strand-0"}, "twenty attempts, one thread"
+    assert threads == {thread}, "twenty attempts, one thread"
     assert pool.held() == 0
 
 
