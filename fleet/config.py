@@ -118,6 +118,12 @@ class Settings:
     live_runs: int = 256
     # 0: derived from the lease (see ``visibility_timeout``).
     visibility_timeout_seconds: float = 0.0
+    # Redis keeps every delivered message until its task acknowledges it and delivers
+    # it again after the visibility timeout (kombu's ack emulation: two more round trips
+    # per message through the worker's one consumer thread). fleet's own messages need
+    # none of it (the sweeper re-derives a lost one from the store), so it is off unless
+    # asked for, for Celery tasks of your own on fleet's app.
+    broker_redelivery: bool = False
     # FLEET_RETENTION (``30d``): the sweeper prunes runs finished longer ago than this many
     # seconds (see fleet/retention.py). None: every run is kept forever.
     retention: float | None = None
@@ -147,6 +153,7 @@ class Settings:
             queue=env.get("FLEET_QUEUE") or cls.queue,
             worker_name=env.get("FLEET_WORKER_NAME", ""),
             visibility_timeout_seconds=_float(env, "FLEET_VISIBILITY_TIMEOUT", 0.0),
+            broker_redelivery=_flag(env, "FLEET_BROKER_REDELIVERY", cls.broker_redelivery),
             shutdown_grace=_float(env, "FLEET_SHUTDOWN_GRACE", cls.shutdown_grace),
             inline_steps=int(_float(env, "FLEET_INLINE_STEPS", cls.inline_steps)),
             db_pool_max=_count(env, "FLEET_DB_POOL_MAX", cls.db_pool_max),

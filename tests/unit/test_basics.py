@@ -82,6 +82,18 @@ def test_celery_app_is_json_only_and_acks_late() -> None:
     assert {"fleet.advance", "fleet.execute"} <= set(app.celery.tasks)
 
 
+def test_redis_drops_a_message_once_delivered_unless_redelivery_is_asked_for() -> None:
+    """kombu's ack emulation (the unacked hash, redelivery after the visibility timeout)
+    only with FLEET_BROKER_REDELIVERY=1; fleet's messages are re-derived by the sweeper."""
+    env = {"FLEET_BROKER_URL": "redis://127.0.0.1:6379/0"}
+    dropping = Fleet("drops", settings=Settings.from_env(env))
+    assert dropping.celery.conf.broker_transport_options["ack_emulation"] is False
+    again = Settings.from_env({**env, "FLEET_BROKER_REDELIVERY": "1"})
+    assert "ack_emulation" not in dropping.with_settings(again).celery.conf.broker_transport_options
+    with pytest.raises(BadInput, match="FLEET_BROKER_REDELIVERY='sometimes' must be 1 or 0"):
+        Settings.from_env({**env, "FLEET_BROKER_REDELIVERY": "sometimes"})
+
+
 def test_two_fleets_in_one_process_keep_their_own_tasks(tmp_path: Path) -> None:
     a = Fleet("a", settings=Settings(database_url=f"sqlite:///{tmp_path}/a.db"))
     b = a.with_settings(Settings(database_url=f"sqlite:///{tmp_path}/b.db"))
