@@ -40,7 +40,7 @@ from bench.cpu import CpuMeter
 from bench.drivers import database_name
 from fleet import Fleet, Settings
 from fleet.store import driver, fused
-from fleet.worker.inline import run_steps
+from fleet.worker.inline import advance_steps, run_steps
 from fleet.worker.replay import advance
 from tests.harness import Wire
 
@@ -163,15 +163,17 @@ def _deliver(
         task, args = sent.pop(0)
         tasks[task] += 1
         with meter.timed(f"task {task}"):
-            if task == "fleet.advance":
-                advance(client.runtime, args[0])
-                continue
             ran = tasks["step"]
 
             def more(n: int, ran: int = ran) -> bool:
                 return inline and (executes is None or ran + n < executes)
 
-            tasks["step"] += run_steps(client.runtime, args[0], args[1], more=more)
+            if task == "fleet.advance" and not inline:
+                advance(client.runtime, args[0])  # the replay alone; its steps sent
+            elif task == "fleet.advance":  # as the worker's task: the first step kept
+                tasks["step"] += advance_steps(client.runtime, args[0], more=more)
+            else:
+                tasks["step"] += run_steps(client.runtime, args[0], args[1], more=more)
     return tasks
 
 

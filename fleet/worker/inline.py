@@ -91,10 +91,11 @@ def _leaves_its_slot(att: Attempt) -> bool:
     return is_async(att.sd.fn) and process.current().strands.on and strands.current() is None
 
 
-def advance_steps(rt: Runtime, run_id: str) -> int:
+def advance_steps(rt: Runtime, run_id: str, more: Callable[[int], bool] | None = None) -> int:
     """What the ``fleet.advance`` task does: replay the run (``replay.advance``), send
     what it recorded but its first task step, and execute that one here, then the
-    run's next ones as ``run_steps`` does. Returns how many attempts it ran."""
+    run's next ones as ``run_steps`` does (``more`` as there). Returns how many
+    attempts it ran."""
     with log_context(run_id=run_id):
         kept = _replay_keeping_first(rt, run_id)
     if kept is None:
@@ -105,7 +106,7 @@ def advance_steps(rt: Runtime, run_id: str) -> int:
         return 0
     with log_context(run_id=run_id, step_id=first.step_id):
         att = _lease_of(rt, replayed.run, first)
-    return _chain(att, _task_limits(rt), 0)
+    return _chain(att, more or _task_limits(rt), 0)
 
 
 def _replay_keeping_first(rt: Runtime, run_id: str) -> tuple[Replayed, _Kept | None] | None:
