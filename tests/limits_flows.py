@@ -5,6 +5,7 @@ calls that were ever inside at once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -62,6 +63,24 @@ def one_api(wf: WorkflowContext, i: int, seconds: float) -> str:
     """One call, then a second: sequential, so the second would run inline."""
     first = wf.step(call_api, i, seconds)
     wf.step(call_api, i + 100, seconds)
+    return str(first)
+
+
+@fleet.step(limits=["api"])
+async def acall_api(ctx: StepContext, i: int, seconds: float) -> str:
+    """``call_api`` as an ``async def``: on Postgres its attempt runs on the event loop's
+    own thread, its limiter calls off it."""
+    _record(ctx, "enter", limit="api", i=i)
+    await asyncio.sleep(seconds)
+    _record(ctx, "exit", limit="api", i=i)
+    return ctx.step_id
+
+
+@fleet.workflow
+def aone_api(wf: WorkflowContext, i: int, seconds: float) -> str:
+    """Two async calls one after another (the second kept by the attempt, inline)."""
+    first = wf.step(acall_api, i, seconds)
+    wf.step(acall_api, i + 100, seconds)
     return str(first)
 
 

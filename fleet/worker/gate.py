@@ -21,7 +21,10 @@ A step that names no limit costs nothing here.
 The limiter is Redis when the broker is (``fleet/worker/limiter.py``), the store
 otherwise (``fleet/store/limits.py``); each slot is held by one delivery (a random
 token), so a duplicate delivery of the same step can neither take a second slot nor
-give back the one another delivery holds.
+give back the one another delivery holds. For an attempt on the event loop's own thread
+(an async step, fleet/worker/on_loop.py), the limiter's calls and the sends they lead to
+run on a thread of their own (``strands.off_the_loop``): a Redis that does not answer
+stalls that attempt, never the loop and every step awaiting on it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from fleet.limits import NO_TENANT, LimitUse, Throttled, Want, rated_limit_of_st
 from fleet.registry import StepDef
 from fleet.store.limits import LimitStore
 from fleet.store.rows import RunRow, StepRow
+from fleet.worker import strands
 from fleet.worker.context import Attempt
 from fleet.worker.failures import countdown_limit
 from fleet.worker.limiter import RedisLimits
@@ -190,6 +194,10 @@ def admit(rt: Runtime, run: RunRow, step: StepRow, sd: StepDef) -> bool:
     """Take room in every limit the step names, for the delivery about to take its
     lease; False: no room, and the step is sent again when there may be (or, if another
     message of it is due sooner, this one is dropped)."""
+    return strands.off_the_loop(_admit, rt, run, step, sd)
+
+
+def _admit(rt: Runtime, run: RunRow, step: StepRow, sd: StepDef) -> bool:
     needed = wants(rt, run, step, sd)
     token = uuid.uuid4().hex
     ttl = rt.settings.lease_seconds
@@ -248,7 +256,7 @@ def refused(rt: Runtime, run_id: str, step_id: str) -> None:
     with _admitted_lock:
         held = _admitted.pop((id(rt), run_id, step_id), None)
     if held is not None:
-        held.release()
+        strands.off_the_loop(held.release)
 
 
 @contextmanager
@@ -270,7 +278,7 @@ def holding(att: Attempt) -> Iterator[None]:
             yield
     finally:
         _renewer.remove(held)
-        held.release(_used_tokens(att) if held.settles else None)
+        strands.off_the_loop(held.release, _used_tokens(att) if held.settles else None)
 
 
 def _used_tokens(att: Attempt) -> int | None:
@@ -297,7 +305,7 @@ def on_failure(att: Attempt, exc: BaseException) -> None:
     delay = exc.delay if exc.delay is not None and exc.delay > 0 else 1.0
     key = limit.key(att.run.tenant)
     try:
-        limiter(att.rt).pause(key, delay)
+        strands.off_the_loop(limiter(att.rt).pause, key, delay)
         log.warning("limit %s paused for %.1fs (step %s: %s)", key, delay, att.step_id, exc)
     except Exception as exc2:
         log.warning("pausing limit %s failed: %s", key, exc2)

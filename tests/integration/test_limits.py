@@ -72,6 +72,24 @@ def test_two_workers_never_let_a_third_call_into_a_limit_of_two(
     assert use.running == 0, "every slot was given back"
 
 
+def test_async_steps_keep_a_limit_across_workers_and_give_their_slots_back(
+    backend: Backend, lclient: Fleet, cluster: Cluster
+) -> None:
+    # On Postgres the attempts run on each worker's event loop thread, the limiter's
+    # calls on a thread of their own (tests/unit/test_on_loop.py); on SQLite on strands.
+    cluster.worker("w1", concurrency=2, app=APP)
+    cluster.worker("w2", concurrency=2, app=APP)
+    cluster.sweeper()
+    runs = [lclient.enqueue("aone_api", i, 0.3) for i in range(4)]
+    for run in runs:
+        run.wait(timeout=90)
+    events = calls(backend)
+    assert sum(e["event"] == "enter" for e in events) == 8
+    assert most_at_once(events) == {"api": 2}, "never a third call; two at once do happen"
+    use = {u.key: u for u in gate.uses(lclient.runtime)}["api"]
+    assert use.running == 0, "every slot was given back"
+
+
 def test_a_worker_killed_holding_a_slot_gives_it_back_when_its_lease_lapses(
     backend: Backend, lclient: Fleet, cluster: Cluster
 ) -> None:

@@ -173,3 +173,59 @@ def test_a_store_wait_parks_only_when_the_socket_is_not_ready_at_once() -> None:
     assert parked == [(True, False)], "parked once, for the answer only"
     a.close()
     b.close()
+
+
+def test_the_limits_gate_calls_its_limiter_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step naming limits, on the loop's own thread: taking room, giving it back (a
+    refused lease, the body's end) and pausing a limit on a 429 each run on a thread of
+    their own, so a limiter (Redis) that does not answer stalls no other attempt."""
+    from types import SimpleNamespace
+
+    from fleet.errors import Retry
+    from fleet.worker import gate
+
+    pool, _loop = _on_loop()
+    calls: list[tuple[str, str]] = []
+
+    class Limiter:
+        def _saw(self, what: str) -> None:
+            calls.append((what, threading.current_thread().name))
+
+        def acquire(self, *_args: Any, **_kwargs: Any) -> None:
+            self._saw("acquire")
+
+        def release(self, *_args: Any) -> list[tuple[str, str]]:
+            self._saw("release")
+            return []
+
+        def pause(self, _key: str, _seconds: float) -> None:
+            self._saw("pause")
+
+    limiter = Limiter()
+    monkeypatch.setattr(gate, "limiter", lambda _rt: limiter)
+    monkeypatch.setattr(gate, "wants", lambda *_args: [])
+    llm = SimpleNamespace(rated=False, key=lambda _tenant: "llm")
+    rt = SimpleNamespace(
+        settings=SimpleNamespace(lease_seconds=30.0, visibility_timeout=3600.0),
+        registry=SimpleNamespace(limits={"llm": llm}),
+    )
+    run = SimpleNamespace(id="r1", tenant="")
+    step = SimpleNamespace(step_id="s#1")
+    att = SimpleNamespace(
+        rt=rt, run=run, run_id="r1", step_id="s#1", sd=SimpleNamespace(limits=("llm",))
+    )
+
+    def attempt() -> None:
+        calls.append(("attempt", threading.current_thread().name))
+        assert gate.admit(rt, run, step, att.sd)  # type: ignore[arg-type]
+        gate.refused(rt, "r1", "s#1")  # type: ignore[arg-type]
+        assert gate.admit(rt, run, step, att.sd)  # type: ignore[arg-type]
+        with gate.holding(att):  # type: ignore[arg-type]
+            pass
+        gate.on_failure(att, Retry(1.0, limit="llm"))  # type: ignore[arg-type]
+
+    assert pool.hand(attempt)
+    assert pool.drain(10)
+    assert calls[0] == ("attempt", "fleet-asyncio")
+    assert [what for what, _ in calls[1:]] == ["acquire", "release", "acquire", "release", "pause"]
+    assert all(thread.startswith("fleet-off-loop") for _, thread in calls[1:]), calls
