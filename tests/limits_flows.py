@@ -78,7 +78,8 @@ async def acall_api(ctx: StepContext, i: int, seconds: float) -> str:
 
 @fleet.workflow
 def aone_api(wf: WorkflowContext, i: int, seconds: float) -> str:
-    """Two async calls one after another (the second kept by the attempt, inline)."""
+    """Two async calls one after another (the second sent: a step naming limits takes
+    room before its lease, on a slot)."""
     first = wf.step(acall_api, i, seconds)
     wf.step(acall_api, i + 100, seconds)
     return str(first)

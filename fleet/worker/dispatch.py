@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 from celery import Celery
 
+from fleet.worker import strands
+
 log = logging.getLogger("fleet.dispatch")
 
 ADVANCE = "fleet.advance"
@@ -114,14 +116,16 @@ class Dispatcher:
         """Messages waiting on ``queues`` for a worker to take them; None: unknown (the
         broker unreachable)."""
         try:
-            return self.sender.waiting(queues)
+            return strands.off_the_loop(self.sender.waiting, queues)
         except Exception as exc:  # the caller assumes some wait
             log.warning("could not count the messages on %s (%s)", ", ".join(queues), exc)
             return None
 
     def _send(self, message: Message) -> bool:
         try:
-            self.sender.send(message)
+            # From an attempt on the event loop's thread, on a thread of its own: a
+            # broker that does not answer stalls that attempt, not the loop.
+            strands.off_the_loop(self.sender.send, message)
             return True
         except Exception as exc:  # broker down, connection reset: the sweeper re-sends
             log.warning(

@@ -23,6 +23,8 @@ from fleet.states import Incident, StepStatus
 from fleet.store.ledger import TakeRefused
 from fleet.store.queries import Snapshot
 from fleet.store.rows import RunRow
+from fleet.store.step_ledger import LetterId
+from fleet.worker import strands
 from fleet.worker.context import Attempt, LeaseLost
 from fleet.worker.replay import Replayed, replay_run, step_shadow
 from fleet.worker.runtime import Runtime
@@ -176,18 +178,23 @@ def dead_letter(rt: Runtime, run: RunRow, step_id: str, failure: Failure) -> Non
         failure.message,
     )
     if rt.dead_letter_hooks:
-        row = rt.queries.dead_letter(letter_id)
-        info = DeadLetterInfo.from_row(row, rt.payloads.load)
-        for hook in rt.dead_letter_hooks:
-            try:
-                hook(info)
-            except Exception:
-                log.exception("on_dead_letter hook %r failed for dead letter %d", hook, letter_id)
+        # The hooks are the application's sync code: off the event loop's thread.
+        strands.off_the_loop(_tell_hooks, rt, letter_id)
     if not letter_id.replay:
         return  # a branch whose siblings have not all settled: the last one replays
     replayed = replay_here(rt, run.id)
     if replayed is not None:
         replayed.send(rt)
+
+
+def _tell_hooks(rt: Runtime, letter_id: LetterId) -> None:
+    row = rt.queries.dead_letter(letter_id)
+    info = DeadLetterInfo.from_row(row, rt.payloads.load)
+    for hook in rt.dead_letter_hooks:
+        try:
+            hook(info)
+        except Exception:
+            log.exception("on_dead_letter hook %r failed for dead letter %d", hook, letter_id)
 
 
 def replay_here(rt: Runtime, run_id: str, snapshot: Snapshot | None = None) -> Replayed | None:

@@ -229,3 +229,52 @@ def test_the_limits_gate_calls_its_limiter_off_the_loop(monkeypatch: pytest.Monk
     assert calls[0] == ("attempt", "fleet-asyncio")
     assert [what for what, _ in calls[1:]] == ["acquire", "release", "acquire", "release", "pause"]
     assert all(thread.startswith("fleet-off-loop") for _, thread in calls[1:]), calls
+
+
+def test_broker_sends_and_dead_letter_hooks_run_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From an attempt on the loop's own thread, every wake-up the dispatcher sends (a
+    retry's countdown, a dead-lettered step's advance) and the application's
+    ``on_dead_letter`` hooks run on a thread of their own: neither a broker that does
+    not answer nor a slow hook stalls the steps awaiting on the loop."""
+    from types import SimpleNamespace
+
+    from fleet.store.step_ledger import LetterId
+    from fleet.worker import failures
+    from fleet.worker.dispatch import Dispatcher, Message
+
+    pool, _loop = _on_loop()
+    seen: list[tuple[str, str]] = []
+
+    class Sender:
+        def send(self, message: Message) -> None:
+            seen.append((message.task, threading.current_thread().name))
+
+        def waiting(self, _queues: Any) -> int:
+            seen.append(("waiting", threading.current_thread().name))
+            return 0
+
+    dispatcher = Dispatcher(Sender())
+    row = SimpleNamespace()
+    rt = SimpleNamespace(
+        ledger=SimpleNamespace(dead_letter=lambda *_a, **_k: LetterId(7, replay=False)),
+        queries=SimpleNamespace(dead_letter=lambda _id: row),
+        payloads=SimpleNamespace(load=lambda x: x),
+        dead_letter_hooks=[lambda info: seen.append(("hook", threading.current_thread().name))],
+    )
+    failure = failures.Failure("ValueError", "no", None, "non-retryable", epoch=1)
+
+    def attempt() -> None:
+        seen.append(("attempt", threading.current_thread().name))
+        dispatcher.execute("r1", "s#1", "q", shadow="w.s", countdown=0.5)
+        dispatcher.advance("r1", "q")
+        dispatcher.waiting(["q"])
+        failures.dead_letter(rt, SimpleNamespace(id="r1", workflow="w"), "s#1", failure)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(failures.DeadLetterInfo, "from_row", staticmethod(lambda r, _load: r))
+    assert pool.hand(attempt)
+    assert pool.drain(10)
+    assert seen[0] == ("attempt", "fleet-asyncio")
+    assert [what for what, _ in seen[1:]] == ["fleet.execute", "fleet.advance", "waiting", "hook"]
+    assert all(thread.startswith("fleet-off-loop") for _, thread in seen[1:]), seen
