@@ -4,7 +4,11 @@ A lease expires unless renewed; an attempt that renews it keeps its step from be
 taken over. Each attempt holds a ``Heartbeat`` while it runs; the process's ``Beater``
 renews every held one when due, and stops renewing one the store says is lost (another
 attempt took the step over: the epoch moved on). At shutdown ``release_leases`` gives
-the held leases up so another worker takes their steps at once.
+the held leases up so another worker takes their steps at once. An attempt parked on
+the event loop's own thread (fleet/worker/on_loop.py) lives only as long as that
+thread: if it ends with the attempt parked, the attempt can never go on, so its lease
+is given up at its next renewal instead of being kept alive by a worker that will
+never finish it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any
 
 from fleet.errors import FleetError
 from fleet.store.ledger import Lease
+from fleet.worker import strands
+from fleet.worker.on_loop import OnLoop
 from fleet.worker.replay import step_shadow
 from fleet.worker.runtime import Runtime
 
@@ -50,6 +56,7 @@ class Heartbeat:
         # cancelled by one); not on ``release``, after which the attempt may still commit.
         self._on_lost: list[Callable[[], object]] | None = []
         self._on_lost_lock = threading.Lock()
+        self._on_loop: OnLoop | None = None  # the loop's thread the attempt runs on
 
     def beat(self) -> bool:
         if self.lost.is_set():
@@ -113,12 +120,25 @@ class Heartbeat:
                 log.exception("acting on the lost lease of %s failed", self.lease.step_id)
 
     def renew_if_held(self) -> None:
-        """The beater's renewal: skipped once the attempt has left."""
+        """The beater's renewal: skipped once the attempt has left; the lease given up
+        if the attempt's thread ended with it parked there."""
+        if self._on_loop is not None and not self._on_loop.alive and self._held:
+            log.error(
+                "step %s of run %s: the worker's event loop stopped with the attempt "
+                "parked on it; its lease (epoch %d) is given up for another worker",
+                self.lease.step_id,
+                self.lease.run_id,
+                self.lease.epoch,
+            )
+            self.release()
+            return
         with self._lock:
             if self._held and not self.beat():
                 self._beater.remove(self)
 
     def __enter__(self) -> Heartbeat:
+        on = strands.current()
+        self._on_loop = on if isinstance(on, OnLoop) else None
         self._held = True
         self._beater.add(self)
         return self

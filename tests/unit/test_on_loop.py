@@ -278,3 +278,44 @@ def test_broker_sends_and_dead_letter_hooks_run_off_the_loop(
     assert seen[0] == ("attempt", "fleet-asyncio")
     assert [what for what, _ in seen[1:]] == ["fleet.execute", "fleet.advance", "waiting", "hook"]
     assert all(thread.startswith("fleet-off-loop") for _, thread in seen[1:]), seen
+
+
+def test_an_attempt_parked_on_a_loop_that_stopped_gives_its_lease_up() -> None:
+    """Its greenlet can never run again once the loop's thread has ended: the heartbeat
+    gives the lease up at its next renewal rather than keep the step from every other
+    worker until this one exits."""
+    from types import SimpleNamespace
+
+    from fleet.store.ledger import Lease
+    from fleet.worker import process
+    from fleet.worker.heartbeat import Heartbeat
+
+    pool, loop = _on_loop()
+    renewed = threading.Event()
+    released: list[tuple[str, str, int]] = []
+
+    class Ledger:
+        def heartbeat(self, *_args: Any) -> bool:
+            renewed.set()
+            return True
+
+        def release_lease(self, run_id: str, step_id: str, epoch: int) -> bool:
+            released.append((run_id, step_id, epoch))
+            return True
+
+    rt: Any = SimpleNamespace(ledger=Ledger(), settings=SimpleNamespace(lease_seconds=0.3))
+    lease = Lease("r1", "s#1", 3, 1, "s", "{}", False)
+    parked: list[greenlet.greenlet] = []  # kept, as an awaited task's callback keeps it
+
+    def attempt() -> None:
+        with Heartbeat(rt, lease, process.current().beater):  # the process's one thread
+            parked.append(greenlet.getcurrent())
+            greenlet.getcurrent().parent.switch()  # parked, as on an await; never woken
+
+    assert pool.hand(attempt)
+    poll(renewed.is_set, 10, "a renewal while the loop runs")
+    assert released == []
+    event_loop, thread = loop.current()
+    event_loop.call_soon_threadsafe(event_loop.stop)
+    poll(lambda: not thread.is_alive(), 10, "the loop's thread to end")
+    poll(lambda: released == [("r1", "s#1", 3)], 10, "the lease given up")
