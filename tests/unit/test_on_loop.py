@@ -1,7 +1,9 @@
 """Attempts on the loop's own thread (``fleet/worker/on_loop.py``; that many await at
 once there is tests/unit/test_strands.py's): a socket wait parks only its own greenlet,
 at most ``tokens`` of them hold the store at once, sync code runs on a thread of its
-own, room is handed back and the sender's context goes along. Sockets; no services."""
+own (hooks, the limits' calls, every broker send), room is handed back and the sender's
+context goes along, and an attempt left parked by a stopped loop gives its lease up.
+Sockets and fakes; no services."""
 
 from __future__ import annotations
 
