@@ -137,8 +137,7 @@ def make_engine(url: str, pool_size: int | None = None) -> Engine:
     except (NoSuchModuleError, ImportError) as exc:
         raise BadInput(f"database URL {redact(url)} cannot be used: {exc}") from None
     _ping_idle_connections(engine)
-    if engine.dialect.driver == "psycopg":  # a greenlet may wait its own way (waits.py)
-        waits.cooperative(engine)
+    waits.cooperative(engine)  # on psycopg, a greenlet may wait its own way
     # A statement run through SQLAlchemy first sends what the driver left pending.
     event.listen(engine, "before_cursor_execute", wire.settle)
     return engine
@@ -277,7 +276,7 @@ class Database:
     @property
     def cooperative(self) -> bool:
         """Its connections wait the way the calling greenlet says (fleet/store/waits.py)."""
-        return self.engine.dialect.driver == "psycopg"
+        return waits.applies(self.engine)
 
     @property
     def wired(self) -> bool:

@@ -74,8 +74,15 @@ def _ready_now(fileno: int, reading: bool, writing: bool) -> int:
     return ready
 
 
+def applies(engine: Engine) -> bool:
+    """Whether ``engine``'s connections are psycopg's, and so can wait this way."""
+    return engine.dialect.driver == "psycopg"
+
+
 def cooperative(engine: Engine) -> None:
-    """Have ``engine`` open its Postgres connections as ``Connection``."""
+    """Have ``engine`` open its Postgres connections as ``Connection`` (if ``applies``)."""
+    if not applies(engine):
+        return
 
     @event.listens_for(engine, "do_connect")
     def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Connection:
