@@ -52,6 +52,21 @@ def most_at_once(events: list[dict[str, Any]], key: str = "limit") -> dict[str, 
     return most
 
 
+def _kept_to_two(
+    backend: Backend, lclient: Fleet, runs: list[Any], entered: int
+) -> list[dict[str, Any]]:
+    """Once ``runs`` have ended: ``entered`` calls went into the stand-in, never a third
+    at once under the limit "api" of two, and every slot was given back. The calls."""
+    for run in runs:
+        run.wait(timeout=90)
+    events = calls(backend)
+    assert sum(e["event"] == "enter" for e in events) == entered
+    assert most_at_once(events) == {"api": 2}, "never a third call; two at once do happen"
+    use = {u.key: u for u in gate.uses(lclient.runtime)}["api"]
+    assert use.running == 0, "every slot was given back"
+    return events
+
+
 def test_two_workers_never_let_a_third_call_into_a_limit_of_two(
     backend: Backend, lclient: Fleet, cluster: Cluster
 ) -> None:
@@ -62,14 +77,8 @@ def test_two_workers_never_let_a_third_call_into_a_limit_of_two(
     # and one fan-out of four: every call asks for the limit "api" of concurrency 2.
     runs = [lclient.enqueue("one_api", i, 0.3) for i in range(5)]
     runs.append(lclient.enqueue("fan_api", 4, 0.3))
-    for run in runs:
-        run.wait(timeout=90)
-    events = calls(backend)
-    assert sum(e["event"] == "enter" for e in events) == 14
-    assert most_at_once(events) == {"api": 2}, "never a third call; two at once do happen"
+    events = _kept_to_two(backend, lclient, runs, 14)
     assert len({e["pid"] for e in events}) == 2, "both workers took calls"
-    use = {u.key: u for u in gate.uses(lclient.runtime)}["api"]
-    assert use.running == 0, "every slot was given back"
 
 
 def test_async_steps_keep_a_limit_across_workers_and_give_their_slots_back(
@@ -81,13 +90,7 @@ def test_async_steps_keep_a_limit_across_workers_and_give_their_slots_back(
     cluster.worker("w2", concurrency=2, app=APP)
     cluster.sweeper()
     runs = [lclient.enqueue("aone_api", i, 0.3) for i in range(4)]
-    for run in runs:
-        run.wait(timeout=90)
-    events = calls(backend)
-    assert sum(e["event"] == "enter" for e in events) == 8
-    assert most_at_once(events) == {"api": 2}, "never a third call; two at once do happen"
-    use = {u.key: u for u in gate.uses(lclient.runtime)}["api"]
-    assert use.running == 0, "every slot was given back"
+    _kept_to_two(backend, lclient, runs, 8)
 
 
 def test_a_worker_killed_holding_a_slot_gives_it_back_when_its_lease_lapses(
