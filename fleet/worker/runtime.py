@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -43,8 +44,14 @@ class Runtime:
     @property
     def worker_name(self) -> str:
         # Per process: Celery's prefork children each hold their own leases.
-        base = self.settings.worker_name or socket.gethostname()
-        return f"{base}:{os.getpid()}"
+        return _worker_name(self.settings.worker_name, os.getpid())
+
+
+@functools.lru_cache(maxsize=16)
+def _worker_name(configured: str | None, pid: int) -> str:
+    """Named once per process (a step asks two or three times: its lease, its log
+    line; the host's name is a system call)."""
+    return f"{configured or socket.gethostname()}:{pid}"
 
 
 def under_gevent() -> bool:

@@ -34,3 +34,23 @@ def test_each_celery_app_finds_its_own_runtime(tmp_path: Path) -> None:
     assert proc.runtime_of(b.celery) is b.runtime
     assert proc.runtime_of(object()) is None
     assert process.current() is proc, "one Process per process"
+
+
+def test_each_forked_process_holds_leases_under_its_own_name(tmp_path: Path) -> None:
+    """Celery's prefork children each hold their own leases: the name a runtime takes
+    them under is its process's, even when the runtime was made before the fork."""
+    import os
+
+    rt = _fleet(tmp_path, "named").runtime
+    parent = rt.worker_name
+    assert parent.endswith(f":{os.getpid()}") and rt.worker_name == parent
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its name, then out at once (no test teardown here)
+        os.write(write, rt.worker_name.encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 200).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child == f"{parent.rpartition(':')[0]}:{pid}"
