@@ -177,4 +177,3 @@ class OnLoop:
         future.add_done_callback(lambda _f: self.loop.call_soon_threadsafe(wake))
         self.sleep()
         return future.result()
-

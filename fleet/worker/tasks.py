@@ -107,8 +107,10 @@ def _start_strands(sender: Any, instance: Any, **_: Any) -> None:
     on_loop = rt.settings.async_on_loop and rt.db.cooperative
     proc.strands.configure(threads, awaiting, proc.loop.current() if on_loop else None)
     if awaiting:
-        where = f"on the event loop's thread, {threads} in the store at once" if on_loop else (
-            f"on {threads} strands"
+        where = (
+            f"on the event loop's thread, {threads} in the store at once"
+            if on_loop
+            else (f"on {threads} strands")
         )
         log.info("async steps: up to %d awaiting off the slots, %s", awaiting, where)
 
