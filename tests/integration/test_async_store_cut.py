@@ -1,0 +1,74 @@
+"""Async steps on the loop's own thread (``fleet/worker/on_loop.py``) keep their store
+round trips in flight on the loop, parked on the sockets (``fleet/store/waits.py``).
+Here Postgres cuts every connection of the worker again and again while runs of async
+steps go through it: each run still ends with its one right result, the worker stays
+up, and it serves a run enqueued after the cuts. Real Postgres, real worker; Postgres
+only (SQLite's attempts never wait on the loop)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from fleet import Fleet
+from fleet.testing import WORKER_READY, worker_argv
+from tests.harness import APP, Backend, Cluster
+
+TAG = "fleet-cut-me"  # the worker's connections' application_name: only those are cut
+
+pytestmark = pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+
+RUNS = 24
+STEPS = 6
+RESULT = sum(i * i for i in range(STEPS))  # ``async_chain``: the sum of the squares
+
+
+def _cut_the_worker_s_connections(url: str) -> int:
+    """Terminate every backend the worker has open; how many."""
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            return len(
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE application_name = :tag"
+                    ),
+                    {"tag": TAG},
+                ).all()
+            )
+    finally:
+        engine.dispose()
+
+
+def test_async_steps_go_on_when_postgres_cuts_their_connections(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    url = backend.database_url
+    tagged = f"{url}?application_name={TAG}"
+    worker = cluster._start(
+        "w1",
+        worker_argv(APP, 2, "threads"),
+        WORKER_READY,
+        backend.env(FLEET_WORKER_NAME="w1", FLEET_DATABASE_URL=tagged),
+    )
+    cluster.sweeper()
+    runs = [client.enqueue("async_chain", STEPS) for _ in range(RUNS)]
+    cut = 0
+    deadline = time.monotonic() + 60
+    # Cut while the runs go through: their round trips are parked on the loop.
+    while time.monotonic() < deadline and cut < 60:
+        if all(r.status() in ("succeeded", "failed") for r in runs):
+            break
+        cut += _cut_the_worker_s_connections(url)
+        time.sleep(0.1)
+    # psycopg's error for a terminated backend: a cut landed in a transaction in flight.
+    assert "AdminShutdown" in worker.output(), "no cut reached a round trip: proved nothing"
+    for run in runs:
+        assert run.wait(timeout=90) == RESULT, f"run {run.id}"
+    assert worker.alive, f"the worker died:\n{worker.output()}"
+    after = client.enqueue("async_chain", 2)
+    assert after.wait(timeout=30) == 0 + 1, "the worker serves runs after the cuts"
+    assert worker.alive, f"the worker died:\n{worker.output()}"
