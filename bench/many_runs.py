@@ -3,7 +3,11 @@ processes, in steps per second from the first enqueue until every run has finish
 (the store's own clock: first run created to last run finished) — against 2,000
 independent raw Celery no-op tasks (``acks_late``, no result backend, same Redis)
 drained by 2 raw Celery worker processes with the same pool and concurrency, timed
-from the first publish until the queue and the unacknowledged set are both empty.
+from the first publish until the queue and the unacknowledged set are both empty — and
+against the floor of a durable step on the same workers: 200 raw Celery tasks each
+committing 10 rows to Postgres one at a time (``raw.checkpoints``: one message per run,
+one single-statement transaction per step, nothing else), the least any engine that
+checkpoints every step can do here.
 
     .venv/bin/python -m bench.many_runs [--reps 3] [--runs 200] [--live 0]
 
@@ -92,20 +96,51 @@ def measure_celery(tasks: int, concurrency: int, pool: str) -> tuple[float, floa
     return tasks / seconds, published, cpu
 
 
+def measure_floor(runs: int, concurrency: int, pool: str) -> tuple[float, CpuMeter]:
+    """``runs`` raw Celery tasks on 2 raw Celery workers, each committing
+    ``STEPS_PER_RUN`` rows one at a time: (steps/s, the CPU the machine spent meanwhile).
+    Checks afterwards that every row is there."""
+    import psycopg
+
+    with services("manyfloor") as svc:
+        url = svc.database_url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(raw_celery.CHECKPOINTS_TABLE)
+            task = celery_app(svc).tasks["raw.checkpoints"]
+            redis = svc.redis()
+            with celery_workers(svc, WORKERS, concurrency, pool):
+                cpu = CpuMeter().start()
+                started = time.perf_counter()
+                for run in range(runs):
+                    task.delay(run, STEPS_PER_RUN)
+                wait_until(lambda: _drained(redis), 240, "the floor's queue", interval=0.01)
+                seconds = time.perf_counter() - started
+                cpu.stop()
+            row = conn.execute("SELECT count(*) FROM raw_checkpoints").fetchone()
+        rows = row[0] if row else 0
+        if rows != runs * STEPS_PER_RUN:
+            raise RuntimeError(f"the floor committed {rows} rows, not {runs * STEPS_PER_RUN}")
+    return rows / seconds, cpu
+
+
 def one_rep(runs: int, concurrency: int, pool: str, **env: str) -> dict[str, Any]:
     steps = runs * STEPS_PER_RUN
     fleet, fleet_enqueue, fleet_cpu = measure_fleet(runs, concurrency, pool, **env)
     celery, celery_publish, celery_cpu = measure_celery(steps, concurrency, pool)
+    floor, floor_cpu = measure_floor(runs, concurrency, pool)
     out = {
         "fleet_steps_per_s": fleet,
         "fleet_enqueue_s": fleet_enqueue,
         "celery_steps_per_s": celery,
         "celery_publish_s": celery_publish,
         "fleet/celery": fleet / celery,
+        "floor_steps_per_s": floor,
+        "floor/celery": floor / celery,
+        "fleet/floor": fleet / floor,
     }
-    # The floor: both sides keep the cores busy, so each one's rate is bounded by what
-    # one unit of its work costs the whole machine.
-    for side, cpu in (("fleet", fleet_cpu), ("celery", celery_cpu)):
+    # Each side keeps the cores busy, so its rate is bounded by what one unit of its
+    # work costs the whole machine.
+    for side, cpu in (("fleet", fleet_cpu), ("celery", celery_cpu), ("floor", floor_cpu)):
         for kind, ms in cpu.per_unit_ms(steps).items():
             out[f"{side}_cpu_ms_{kind}"] = ms
     out["cpu_ratio"] = out["celery_cpu_ms_machine"] / out["fleet_cpu_ms_machine"]
@@ -127,6 +162,13 @@ def report(reps: list[dict[str, Any]]) -> dict[str, str]:
             spread(col["fleet/celery"], "{:.2f}"),
             f"target >= {TARGET}: {'met' if ok else 'MISSED'}",
         ),
+        ("durable floor steps/s (raw.checkpoints)", spread(col["floor_steps_per_s"]), ""),
+        (
+            "  floor/celery",
+            spread(col["floor/celery"], "{:.2f}"),
+            "the most a durable step can reach here",
+        ),
+        ("  fleet/floor", spread(col["fleet/floor"], "{:.2f}"), ""),
         *(
             (f"  CPU per unit, ms: {name}", spread(col[name], "{:.2f}"), "")
             for name in col
@@ -164,7 +206,8 @@ def main() -> None:
         r = reps[-1]
         print(
             f"  rep {i + 1}: fleet {r['fleet_steps_per_s']:.0f} steps/s, "
-            f"celery {r['celery_steps_per_s']:.0f} tasks/s",
+            f"celery {r['celery_steps_per_s']:.0f} tasks/s, "
+            f"floor {r['floor_steps_per_s']:.0f} steps/s",
             flush=True,
         )
     summary = report(reps)

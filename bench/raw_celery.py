@@ -9,7 +9,9 @@ of one, results ignored) and Celery's defaults otherwise (no task events). Worke
 from __future__ import annotations
 
 import os
+import threading
 import time
+from typing import Any
 
 from celery import Celery
 
@@ -48,6 +50,41 @@ def noop(i: int, mark: str | None = None) -> int:
 
         redis.Redis.from_url(_broker()).set(mark, repr(time.time()))
     return i
+
+
+# The floor of a durable step (``bench.many_runs``): one row per step, committed alone.
+CHECKPOINTS_TABLE = (
+    "CREATE TABLE raw_checkpoints (run integer, step integer, output text NOT NULL,"
+    " PRIMARY KEY (run, step))"
+)
+_store = threading.local()
+
+
+def _connection() -> Any:
+    """This thread's store connection (autocommit: each statement its own transaction),
+    on the benchmark's database (``FLEET_DATABASE_URL``)."""
+    conn = getattr(_store, "conn", None)
+    if conn is None:
+        import psycopg
+
+        url = os.environ["FLEET_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
+        conn = _store.conn = psycopg.connect(url, autocommit=True)
+    return conn
+
+
+@app.task(name="raw.checkpoints", ignore_result=True)
+def checkpoints(run: int, steps: int) -> int:
+    """The least a durable run of ``steps`` no-op steps can cost on Celery and Postgres:
+    one message for the run, and one commit per step (its output's row, one statement
+    in its own transaction: one round trip). No lease, no fence, no history: a floor,
+    not an engine."""
+    conn = _connection()
+    for step in range(steps):
+        conn.execute(
+            "INSERT INTO raw_checkpoints (run, step, output) VALUES (%s, %s, %s)",
+            (run, step, "null"),
+        )
+    return run
 
 
 def worker_argv(name: str, concurrency: int, pool: str) -> list[str]:
