@@ -32,6 +32,7 @@ from functools import partial
 
 from celery.worker import state as worker_state
 
+from fleet.errors import StoreUnavailable
 from fleet.logs import log_context
 from fleet.registry import is_async
 from fleet.store.engine import CommitUnknown
@@ -78,12 +79,32 @@ def _chain(att: Attempt | None, more: Callable[[int], bool], ran: int) -> int:
     and this slot is free at once; it then counts nothing more here."""
     while att is not None:
         if _leaves_its_slot(att) and process.current().strands.hand(
-            partial(_chain, att, more, ran)
+            partial(_off_its_slot, att, more, ran)
         ):
             return ran
         ran += 1
         att = _run_one(att, partial(more, ran))
     return ran
+
+
+def _off_its_slot(att: Attempt | None, more: Callable[[int], bool], ran: int) -> None:
+    """``_chain`` on a strand or the loop's thread (where nothing leaves its slot again).
+    No Celery task is there to report a store failure: it ends the chain as it ends a
+    task on a slot (the sweeper takes the step up again, once its lease expires if it
+    held one), said in one line naming the step."""
+    while att is not None:
+        ran += 1
+        this = att
+        try:
+            att = _run_one(this, partial(more, ran))
+        except StoreUnavailable as exc:
+            log.warning(
+                "step %s of run %s: the store failed under it (%s); the sweeper takes it up again",
+                this.step_id,
+                this.run_id,
+                exc,
+            )
+            return
 
 
 def _leaves_its_slot(att: Attempt) -> bool:
