@@ -21,25 +21,25 @@ TAG = "fleet-cut-me"  # the worker's connections' application_name: only those a
 
 pytestmark = pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 
-RUNS = 24
-STEPS = 6
+RUNS = 32
+STEPS = 8
 RESULT = sum(i * i for i in range(STEPS))  # ``async_chain``: the sum of the squares
 
 
 def _cut_the_worker_s_connections(url: str) -> int:
-    """Terminate every backend the worker has open; how many."""
+    """Terminate every backend the worker has open; how many of them were in a
+    transaction (a statement running, or one open between two round trips)."""
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
-            return len(
-                conn.execute(
-                    text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                        " WHERE application_name = :tag"
-                    ),
-                    {"tag": TAG},
-                ).all()
-            )
+            cut = conn.execute(
+                text(
+                    "SELECT state, pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = :tag"
+                ),
+                {"tag": TAG},
+            ).all()
+            return sum(1 for state, done in cut if done and state and state != "idle")
     finally:
         engine.dispose()
 
@@ -57,17 +57,16 @@ def test_async_steps_go_on_when_postgres_cuts_their_connections(
     )
     cluster.sweeper()
     runs = [client.enqueue("async_chain", STEPS) for _ in range(RUNS)]
-    cut = 0
+    in_flight = 0
     deadline = time.monotonic() + 60
     # Cut while the runs go through: their round trips are parked on the loop.
-    while time.monotonic() < deadline and cut < 60:
+    while time.monotonic() < deadline:
         if all(r.status() in ("succeeded", "failed") for r in runs):
             break
-        cut += _cut_the_worker_s_connections(url)
-        time.sleep(0.1)
+        in_flight += _cut_the_worker_s_connections(url)
+        time.sleep(0.05)
+    assert in_flight > 0, "no cut reached a transaction in flight: the test proved nothing"
     out = worker.output()
-    # psycopg's error for a terminated backend: a cut landed in a transaction in flight.
-    assert "AdminShutdown" in out, "no cut reached a round trip: proved nothing"
     # A store failure off the slots is said as on them: one line naming the step, not a
     # traceback of an attempt "failed outside its step".
     assert "failed outside its step" not in out
