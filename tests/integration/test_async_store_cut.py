@@ -9,13 +9,13 @@ wait on the loop)."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 
 from fleet import Fleet
-from fleet.testing import WORKER_READY, worker_argv
-from tests.harness import APP, Backend, Cluster
+from tests.harness import Backend, Cluster
 
 TAG = "fleet-cut-me"  # the worker's connections' application_name: only those are cut
 
@@ -26,45 +26,40 @@ STEPS = 8
 RESULT = sum(i * i for i in range(STEPS))  # ``async_chain``: the sum of the squares
 
 
-def _cut_the_worker_s_connections(url: str) -> int:
+def _cut_the_worker_s_connections(conn: Any) -> int:
     """Terminate every backend the worker has open; how many of them were in a
     transaction (a statement running, or one open between two round trips)."""
-    engine = create_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            cut = conn.execute(
-                text(
-                    "SELECT state, pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE application_name = :tag"
-                ),
-                {"tag": TAG},
-            ).all()
-            return sum(1 for state, done in cut if done and state and state != "idle")
-    finally:
-        engine.dispose()
+    cut = conn.execute(
+        text(
+            "SELECT state, pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = :tag"
+        ),
+        {"tag": TAG},
+    ).all()
+    return sum(1 for state, done in cut if done and state and state != "idle")
 
 
 def test_async_steps_go_on_when_postgres_cuts_their_connections(
     backend: Backend, client: Fleet, cluster: Cluster
 ) -> None:
     url = backend.database_url
-    tagged = f"{url}?application_name={TAG}"
-    worker = cluster._start(
-        "w1",
-        worker_argv(APP, 2, "threads"),
-        WORKER_READY,
-        backend.env(FLEET_WORKER_NAME="w1", FLEET_DATABASE_URL=tagged),
-    )
-    cluster.sweeper()
+    cluster.sweeper()  # on untagged connections: only the worker's are cut
+    backend.extra_env["FLEET_DATABASE_URL"] = f"{url}?application_name={TAG}"
+    worker = cluster.worker("w1", concurrency=2)
     runs = [client.enqueue("async_chain", STEPS) for _ in range(RUNS)]
     in_flight = 0
     deadline = time.monotonic() + 60
-    # Cut while the runs go through: their round trips are parked on the loop.
-    while time.monotonic() < deadline:
-        if all(r.status() in ("succeeded", "failed") for r in runs):
-            break
-        in_flight += _cut_the_worker_s_connections(url)
-        time.sleep(0.05)
+    killer = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with killer.connect() as conn:
+            # Cut while the runs go through: their round trips are parked on the loop.
+            while time.monotonic() < deadline:
+                if all(r.status() in ("succeeded", "failed") for r in runs):
+                    break
+                in_flight += _cut_the_worker_s_connections(conn)
+                time.sleep(0.05)
+    finally:
+        killer.dispose()
     assert in_flight > 0, "no cut reached a transaction in flight: the test proved nothing"
     out = worker.output()
     # A store failure off the slots is said as on them: one line naming the step, not a
