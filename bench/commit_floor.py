@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=3000, help="transactions per shape")
     args = parser.parse_args()
     with services("floor") as svc:
-        url = svc.database_url.replace("postgresql+psycopg://", "postgresql://")
+        url = svc.libpq_url
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(_SCHEMA)
         print(f"commit floor: {args.n} transactions per shape, one round trip each")

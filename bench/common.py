@@ -53,6 +53,11 @@ class Services:
         env.update(extra)
         return env
 
+    @property
+    def libpq_url(self) -> str:
+        """The database's URL as psycopg itself takes it (without SQLAlchemy's driver)."""
+        return self.database_url.replace("postgresql+psycopg://", "postgresql://")
+
     def redis(self) -> Any:
         import redis
 

@@ -68,9 +68,7 @@ class RunClock:
     def __init__(self, svc: Services) -> None:
         import psycopg
 
-        self._conn = psycopg.connect(
-            svc.database_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
-        )
+        self._conn = psycopg.connect(svc.libpq_url, autocommit=True)
         self.polls = 0
 
     def close(self) -> None:

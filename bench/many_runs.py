@@ -103,8 +103,7 @@ def measure_floor(runs: int, concurrency: int, pool: str) -> tuple[float, CpuMet
     import psycopg
 
     with services("manyfloor") as svc:
-        url = svc.database_url.replace("postgresql+psycopg://", "postgresql://")
-        with psycopg.connect(url, autocommit=True) as conn:
+        with psycopg.connect(svc.libpq_url, autocommit=True) as conn:
             conn.execute(raw_celery.CHECKPOINTS_TABLE)
             task = celery_app(svc).tasks["raw.checkpoints"]
             redis = svc.redis()
