@@ -18,11 +18,12 @@ processor, and whose result columns need none, are run so; ``run`` falls back to
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Float
+from sqlalchemy import Boolean, Float, Integer
 from sqlalchemy.engine import Connection
 
 from fleet.store import wire
@@ -32,6 +33,7 @@ from fleet.store.wire import Rows
 # at import are run here, so their ids are stable for the process's life and this
 # holds one entry per statement and driver.
 _COMPILED: dict[tuple[int, str, str], Compiled | None] = {}
+_SERIALS = itertools.count()  # each statement's prepared name on Postgres, unique in the process
 _KEEP: list[Any] = []  # the statements keyed above, kept alive so their ids stay theirs
 
 Params = Mapping[str, Any]
@@ -47,6 +49,9 @@ class Compiled:
     order: tuple[str, ...] | None
     processors: dict[str, Callable[[Any], Any]]
     columns: tuple[str, ...]
+    # As libpq takes it, where statements go out through psycopg's libpq connection
+    # (fleet/store/wire.py): psycopg's dialect only.
+    native: wire.Native | None
 
     def bind(self, params: Params) -> Any:
         values = {**self.constants, **params}
@@ -94,7 +99,25 @@ def _compile(stmt: Any, dialect: Any) -> Compiled | None:
         constants[name] = value if process is None else process(value)
     order = tuple(expanded.positiontup) if comp.positional else None
     columns = tuple(entry.keyname for entry in result_columns)
-    return Compiled(expanded.statement, constants, order, processors, columns)
+    native = None
+    if dialect.driver == "psycopg" and not comp.positional:
+        types = {name: _oid(bind.type) for name, bind in comp.binds.items()}
+        native = wire.Native(next(_SERIALS), expanded.statement, types)
+    return Compiled(expanded.statement, constants, order, processors, columns, native)
+
+
+def _oid(type_: Any) -> int:
+    """The Postgres type a parameter of ``type_`` is declared as when its statement is
+    prepared: numbers and booleans by their own (a bare one, as in ``SELECT $1 AS
+    cost``, is otherwise text); everything else left to the server to infer from the
+    statement (its casts and columns), as for psycopg's strings."""
+    if isinstance(type_, Boolean):
+        return 16  # bool
+    if isinstance(type_, Float):
+        return 701  # float8
+    if isinstance(type_, Integer):
+        return 20  # int8
+    return 0
 
 
 def _as_given(type_: Any, dialect: Any) -> bool:
@@ -114,7 +137,7 @@ def pipelined(conn: Connection, calls: Sequence[tuple[Any, Params]]) -> list[Row
     wraps it, and leaves the transaction failed."""
     hows = [compiled(stmt, conn) for stmt, _ in calls]
     dbapi: Any = conn.connection.dbapi_connection
-    if not wire.pipelines(dbapi) or any(how is None for how in hows):
+    if not wire.pipelines(dbapi) or any(how is None or how.native is None for how in hows):
         return [_as_rows(run(conn, stmt, params)) for stmt, params in calls]
     held = wire.of(conn)
     line = held if held is not None else wire.new_wire(dbapi)
@@ -129,8 +152,8 @@ def send(conn: Connection, stmt: Any, params: Params) -> wire.Pending:
     that is not the driver's, or the COMMIT). Elsewhere it runs now."""
     line = wire.of(conn)
     how = compiled(stmt, conn)
-    if line is None or how is None:
-        done = wire.Pending(conn, how, None)
+    if line is None or how is None or how.native is None:
+        done = wire.Pending(conn, how)
         done.result = _as_rows(run(conn, stmt, params))
         return done
     (pending,) = wire.send_all(conn, line, [(stmt, params)], [how])
@@ -156,6 +179,13 @@ def run(conn: Connection, stmt: Any, params: Params | Sequence[Params]) -> Any:
     ``conn``'s transaction; returns ``Rows`` (or SQLAlchemy's result, for a statement
     it must run itself)."""
     how = compiled(stmt, conn)
+    native = how is not None and how.native is not None
+    if native and wire.pipelines(conn.connection.dbapi_connection):  # prepared, on the wire
+        batch = [params] if isinstance(params, Mapping) else list(params)
+        if not batch:
+            return Rows([], 0)
+        done = pipelined(conn, [(stmt, one) for one in batch])
+        return done[0] if len(done) == 1 else Rows([], sum(max(r.rowcount, 0) for r in done))
     line = wire.held(conn)
     if line is not None:
         if how is not None and (isinstance(params, Mapping) or len(params) == 1):

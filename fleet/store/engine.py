@@ -140,6 +140,7 @@ def make_engine(url: str, pool_size: int | None = None) -> Engine:
     waits.cooperative(engine)  # on psycopg, a greenlet may wait its own way
     # A statement run through SQLAlchemy first sends what the driver left pending.
     event.listen(engine, "before_cursor_execute", wire.settle)
+    event.listen(engine, "connect", wire.prepares_alone)
     return engine
 
 

@@ -1,4 +1,4 @@
-"""Statements sent together on Postgres (psycopg's pipeline mode), and the BEGIN and
+"""Statements sent together on Postgres, in libpq's pipeline mode, and the BEGIN and
 COMMIT of a ``Database.transaction`` sent by fleet with them.
 
 psycopg, left to begin a transaction, sends its BEGIN and waits for it on a round trip
@@ -11,6 +11,16 @@ Postgres engine), so statements run in the order they were given, as ever. ``rel
 hands the connection back to psycopg's own transactions (or invalidates it), so no
 connection leaves a transaction in autocommit.
 
+The statements go out through psycopg's libpq connection itself (``pgconn``), not its
+cursors: each is queued in libpq's output buffer as a prepared statement (prepared on
+the connection the first time it is sent there, in the same pipeline), its values
+as text, and ``sync`` writes the whole buffer at once and reads every result back, one
+write and one wait for a round trip. psycopg's own pipeline writes and polls the socket
+once per statement, so the server woke for each, and its per-statement machinery was a
+fifth of a worker's CPU per step (bench/RESULTS.md, "Where a step's time goes"). Rows
+are loaded by psycopg's own loaders, so they come back as its cursors return them; a
+failed statement raises psycopg's error for it, wrapped as SQLAlchemy wraps its own.
+
 Also the driver's result type, ``Rows``. The statements themselves are compiled and
 bound by ``fleet/store/driver.py``, the only caller.
 """
@@ -18,10 +28,14 @@ bound by ``fleet/store/driver.py``, the only caller.
 from __future__ import annotations
 
 import logging
+import re
 from collections import namedtuple
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+from psycopg import generators, pq
+from psycopg.adapt import PyFormat, Transformer
 from sqlalchemy.engine import Connection
 
 if TYPE_CHECKING:
@@ -66,18 +80,74 @@ def _row_type(columns: tuple[str, ...]) -> Any:
     return made
 
 
+class Native:
+    """A statement as libpq takes it: the name it is prepared under on each connection,
+    its SQL with positional parameters, the bound values' names in that order, and the
+    type of each parameter (0: the server infers it from the statement)."""
+
+    __slots__ = ("name", "sql", "names", "types")
+
+    def __init__(self, serial: int, sql: str, types: dict[str, int]) -> None:
+        names: list[str] = []
+
+        def positional(match: re.Match[str]) -> str:
+            if match.group(1) is None:
+                return "%"  # a literal %, escaped as %% in the driver's paramstyle
+            if match.group(1) not in names:
+                names.append(match.group(1))
+            return f"${names.index(match.group(1)) + 1}"
+
+        self.name = f"fleet_{serial}".encode()
+        self.sql = _PLACEHOLDER.sub(positional, sql).encode()
+        self.names = tuple(names)
+        self.types = tuple(types.get(name, 0) for name in names)
+
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+_ANY = Transformer()  # psycopg's dumpers, for a value of a type ``_text`` does not know
+
+
+def _text(value: Any) -> bytes | None:
+    """``value`` as a parameter in text format, as psycopg would send it."""
+    kind = type(value)
+    if kind is str:
+        if "\x00" in value:
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        return value.encode()
+    if value is None:
+        return None
+    if kind is int:
+        return b"%d" % value
+    if kind is float:
+        return repr(value).encode()
+    if kind is bool:
+        return b"t" if value else b"f"
+    dumped = _ANY.get_dumper(value, PyFormat.TEXT).dump(value)
+    return None if dumped is None else bytes(dumped)
+
+
+_BEGIN, _COMMIT = b"BEGIN", b"COMMIT"
+_IDLE = pq.TransactionStatus.IDLE
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+
+
 class _Wire:
-    """What fleet holds of one transaction's connection: whether its BEGIN is still to
-    be sent, and the pipeline ``send`` left open, with the statements in it."""
+    """What fleet holds of one transaction's connection: the BEGIN still to be sent (if
+    any), whether libpq's pipeline is open, and what is queued in it, in the order its
+    results come back: a statement's ``Pending``, the name of a statement being
+    prepared, or None (a BEGIN or COMMIT)."""
 
-    __slots__ = ("begin", "dbapi", "pipeline", "pending", "driving")
+    __slots__ = ("begin", "dbapi", "open", "queued", "preparing", "driving", "broken")
 
-    def __init__(self, dbapi: Any) -> None:
+    def __init__(self, dbapi: Any, begin: bytes | None = _BEGIN) -> None:
         self.dbapi = dbapi
-        self.begin = True
-        self.pipeline: Any = None
-        self.pending: list[Pending] = []
+        self.begin = begin
+        self.open = False
+        self.queued: list[Pending | bytes | None] = []
+        self.preparing: set[bytes] = set()
         self.driving = False  # the driver is dispatching SQLAlchemy's listeners itself
+        self.broken = False  # a round trip was cut short: what the server holds is unknown
 
 
 _WIRES: dict[int, _Wire] = {}  # by id(conn), for the transactions fleet begins itself
@@ -92,45 +162,35 @@ def held(conn: Connection) -> _Wire | None:
     """The wire of ``conn``'s transaction, if fleet holds it and something is to go out
     before the next statement (the BEGIN, or statements left pending)."""
     wire = _WIRES.get(id(conn))
-    if wire is None or wire.driving or not (wire.begin or wire.pipeline is not None):
+    if wire is None or wire.driving or not (wire.begin or wire.open):
         return None
     return wire
 
 
 def new_wire(dbapi: Any) -> _Wire:
-    """A wire for one pipeline of statements outside a transaction fleet holds."""
-    wire = _Wire(dbapi)
-    wire.begin = False
-    return wire
-
-
-_BEGIN, _COMMIT = "BEGIN", "COMMIT"
+    """A wire for one pipeline of statements outside a transaction fleet holds: if
+    psycopg would begin a transaction before them, its BEGIN goes first."""
+    begins = not dbapi.autocommit and dbapi.pgconn.transaction_status == _IDLE
+    return _Wire(dbapi, dbapi._get_tx_start_command() if begins else None)
 
 
 class Pending:
     """A statement sent and not yet read: ``rows()`` syncs its pipeline if need be."""
 
-    __slots__ = ("conn", "how", "cursor", "result")
+    __slots__ = ("conn", "how", "result")
 
-    def __init__(self, conn: Connection, how: Compiled | None, cursor: Any) -> None:
-        self.conn, self.how, self.cursor = conn, how, cursor
+    def __init__(self, conn: Connection, how: Compiled | None) -> None:
+        self.conn, self.how = conn, how
         self.result: Rows | None = None
 
     def rows(self) -> Rows:
         if self.result is None:
             wire = _WIRES.get(id(self.conn))
-            if wire is not None and wire.pipeline is not None:
+            if wire is not None and wire.open:
                 sync(self.conn, wire)
-            self._read()
-        assert self.result is not None
+        if self.result is None:  # its pipeline failed before it ran (sync raised)
+            raise LookupError("the statement did not run: its pipeline failed")
         return self.result
-
-    def _read(self) -> None:
-        assert self.how is not None
-        try:
-            self.result = rows_of(self.cursor, self.how.columns)
-        finally:
-            self.cursor.close()
 
 
 def rows_of(cursor: Any, columns: tuple[str, ...]) -> Rows:
@@ -150,7 +210,7 @@ def own_transaction(conn: Connection) -> bool:
     try:
         dbapi: Any = conn.connection.dbapi_connection
         plain = (dbapi.isolation_level, dbapi.read_only, dbapi.deferrable) == (None,) * 3
-        idle = dbapi.pgconn.transaction_status == 0  # psycopg.pq.TransactionStatus.IDLE
+        idle = dbapi.pgconn.transaction_status == _IDLE
         if not (plain and idle and not dbapi.autocommit and pipelines(dbapi)):
             return False
         dbapi.autocommit = True  # psycopg sends no BEGIN of its own
@@ -167,9 +227,9 @@ def release(conn: Connection) -> None:
     if wire is None:
         return
     try:
-        if wire.pipeline is not None:
+        if wire.open:
             _close_quietly(wire)
-        if wire.dbapi.pgconn.transaction_status == 0:
+        if not wire.broken and wire.dbapi.pgconn.transaction_status == _IDLE:
             wire.dbapi.autocommit = False
             return
     except Exception as exc:  # noqa: BLE001 - the connection is not fit for the pool
@@ -186,7 +246,7 @@ _PIPELINES: list[bool] = []  # whether this process's libpq has pipeline mode, o
 def pipelines(dbapi: Any) -> bool:
     """Whether statements can be sent together on this DBAPI connection: psycopg's,
     with a libpq that has pipeline mode (14 or later)."""
-    if not hasattr(dbapi, "pipeline"):
+    if not hasattr(dbapi, "pgconn"):
         return False
     if not _PIPELINES:
         from psycopg import capabilities
@@ -196,22 +256,19 @@ def pipelines(dbapi: Any) -> bool:
 
 
 def abandon(conn: Connection) -> None:
-    """The transaction failed: close any open pipeline, ignoring what it raises, so the
-    rollback can be sent."""
+    """The transaction failed: end any open pipeline (what is queued in it is sent and
+    its results read), ignoring what it raises, so the rollback can be sent."""
     wire = _WIRES.get(id(conn))
-    if wire is not None and wire.pipeline is not None:
+    if wire is not None and wire.open:
         _close_quietly(wire)
 
 
 def _close_quietly(wire: _Wire) -> None:
-    pipeline, wire.pipeline = wire.pipeline, None
-    pending, wire.pending = wire.pending, []
     try:
-        pipeline.__exit__(None, None, None)
+        if not wire.broken:
+            _trip(wire)
     except Exception as exc:  # noqa: BLE001 - the caller rolls back or gives it up
         log.debug("pipeline closed with an error: %s", exc)
-    for p in pending:
-        p.cursor.close()
 
 
 def settle(conn: Connection, *_: Any) -> None:
@@ -227,7 +284,7 @@ def finish(conn: Connection) -> bool:
     in one round trip. False: nothing is pending; the caller commits as usual (psycopg
     sends COMMIT if the transaction began, and nothing if no statement ran)."""
     wire = _WIRES.get(id(conn))
-    if wire is None or wire.pipeline is None:
+    if wire is None or not wire.open:
         return False
     sync(conn, wire, commit=True)
     return True
@@ -236,10 +293,12 @@ def finish(conn: Connection) -> bool:
 def send_all(
     conn: Connection, wire: _Wire, calls: Sequence[tuple[Any, Params]], hows: list[Any]
 ) -> list[Pending]:
-    """Each statement (``hows``: the driver's compiled forms of ``calls``) into the
-    wire's pipeline, opened (with the BEGIN, if it has not gone) if need be; they go
-    out at the next ``sync``."""
-    dbapi = wire.dbapi
+    """Each statement (``hows``: the driver's compiled forms of ``calls``) queued in the
+    wire's pipeline, opened (with the BEGIN, if it has not gone) if need be, each
+    prepared first on this connection if it has not been; they go out at the next
+    ``sync``."""
+    pgconn = wire.dbapi.pgconn
+    prepared = _prepared(wire.dbapi)
     listening = conn._has_events or conn.engine._has_events
     sql, bound = "", None
     try:
@@ -247,58 +306,135 @@ def send_all(
         out = []
         for (_, params), how in zip(calls, hows, strict=True):
             sql, bound = how.sql, how.bind(params)
-            cursor = dbapi.cursor()
-            pending = Pending(conn, how, cursor)
-            wire.pending.append(pending)
-            out.append(pending)
+            native = how.native
             if listening:
                 wire.driving = True
                 try:
                     for fn in conn.dispatch.before_cursor_execute:
-                        fn(conn, cursor, sql, bound, None, False)
+                        fn(conn, None, sql, bound, None, False)
                 finally:
                     wire.driving = False
-            cursor.execute(sql, bound)
+            values = [_text(bound[name]) for name in native.names]
+            if native.name not in prepared and native.name not in wire.preparing:
+                pgconn.send_prepare(native.name, native.sql, param_types=native.types)
+                wire.preparing.add(native.name)
+                wire.queued.append(native.name)
+            pgconn.send_query_prepared(native.name, values)
+            pending = Pending(conn, how)
+            wire.queued.append(pending)
+            out.append(pending)
         return out
     except Exception as exc:
         raise_wrapped(conn, exc, sql, bound)
         raise  # unreachable
 
 
+def prepares_alone(dbapi: Any, _record: Any = None) -> None:
+    """A new connection prepares only fleet's statements: psycopg, which prepares a
+    statement it has seen five times, deallocates every prepared statement of the
+    session (DEALLOCATE ALL) at a rollback after it has prepared one of its own, and
+    would take fleet's with them. The driver's statements (all of a step's) are
+    prepared by fleet; the rest (SQLAlchemy's: the console's reads, the sweeper's
+    scans) are planned as they run. (A ``connect`` listener on Postgres engines.)"""
+    if pipelines(dbapi):
+        dbapi.prepare_threshold = None
+        dbapi._fleet_prepared = set()
+
+
+def _prepared(dbapi: Any) -> set[bytes]:
+    """The names of the statements fleet prepared on this connection (its session's)."""
+    try:
+        names: set[bytes] = dbapi._fleet_prepared
+    except AttributeError:  # a connection fleet's engine did not open
+        names = dbapi._fleet_prepared = set()
+    return names
+
+
 def _open(wire: _Wire) -> None:
     """The wire's pipeline open, the transaction's BEGIN first in it if not yet sent."""
-    if wire.pipeline is None:
-        pipeline = wire.dbapi.pipeline()
-        pipeline.__enter__()
-        wire.pipeline = pipeline
+    pgconn = wire.dbapi.pgconn
+    if not wire.open:
+        pgconn.enter_pipeline_mode()
+        wire.open = True
     if wire.begin:
-        wire.dbapi.execute(_BEGIN)
-        wire.begin = False
+        pgconn.send_query_params(wire.begin, None)
+        wire.queued.append(None)
+        wire.begin = None
 
 
 def sync(conn: Connection, wire: _Wire, *, commit: bool = False) -> None:
     """Send what is queued (the BEGIN first if it has not gone; a COMMIT last if
-    ``commit``) and read every result."""
+    ``commit``) in one write, and read every result; the first error among them is
+    raised (wrapped), after every result is read."""
     try:
         _open(wire)
         if commit:
-            wire.dbapi.execute(_COMMIT)
-        pipeline, wire.pipeline = wire.pipeline, None
-        pipeline.__exit__(None, None, None)  # one Sync: every result comes back
+            wire.dbapi.pgconn.send_query_params(_COMMIT, None)
+            wire.queued.append(None)
+        queued, results = _trip(wire)
     except Exception as exc:
-        if wire.pipeline is not None:
-            _close_quietly(wire)
-        for p in wire.pending:
-            p.cursor.close()
-        wire.pending = []
-        raise_wrapped(conn, exc, _COMMIT if commit else "(a pipeline's sync)", None)
-    pending, wire.pending = wire.pending, []
+        raise_wrapped(conn, exc, "COMMIT" if commit else "(a pipeline's sync)", None)
+        raise  # unreachable
     listening = conn._has_events or conn.engine._has_events
-    for p in pending:
-        if listening and p.how is not None:
+    loader = Transformer(wire.dbapi)
+    failed = None
+    for entry, result in zip(queued, results, strict=False):
+        status = result.status
+        if status == _FATAL_ERROR and failed is None:
+            failed = psycopg.errors.error_from_result(result, encoding=wire.dbapi.pgconn._encoding)
+        if not isinstance(entry, Pending) or entry.how is None:
+            continue
+        if listening:
             for fn in conn.dispatch.after_cursor_execute:
-                fn(conn, p.cursor, p.how.sql, None, None, False)
-        p._read()
+                fn(conn, None, entry.how.sql, None, None, False)
+        if status == _TUPLES_OK or status == pq.ExecStatus.COMMAND_OK:
+            entry.result = _rows(loader, result, entry.how.columns)
+    if failed is not None:
+        raise_wrapped(conn, failed, "COMMIT" if commit else "(a pipeline's sync)", None)
+
+
+def _trip(wire: _Wire) -> tuple[list[Pending | bytes | None], list[Any]]:
+    """One round trip: the Sync queued after what is queued, libpq's buffer written,
+    each queued entry's last result read (then the Sync's), the pipeline closed and the
+    statements that were prepared in it noted. What was queued and, by entry, its
+    result. Cut short (the connection lost, the caller interrupted), the wire is broken
+    and ``release`` gives its connection up."""
+    dbapi = wire.dbapi
+    pgconn = dbapi.pgconn
+    queued, wire.queued = wire.queued, []
+    wire.broken = True
+    pgconn.pipeline_sync()
+    with dbapi.lock:
+        results = dbapi.wait(_round_trip(pgconn, len(queued)))
+    pgconn.exit_pipeline_mode()
+    wire.open, wire.broken = False, False
+    prepared = _prepared(dbapi)
+    for entry, result in zip(queued, results, strict=False):
+        if isinstance(entry, bytes) and result.status == pq.ExecStatus.COMMAND_OK:
+            prepared.add(entry)
+    wire.preparing.clear()
+    return queued, results
+
+
+def _round_trip(pgconn: Any, expected: int) -> Any:
+    """psycopg's generator protocol: write libpq's buffer, then read ``expected``
+    statements' results and the Sync's; each statement's last result, in order."""
+    yield from generators.send(pgconn)
+    out = []
+    for _ in range(expected + 1):
+        out.append((yield from generators.fetch_many(pgconn))[-1])
+    return out
+
+
+def _rows(loader: Any, result: Any, columns: tuple[str, ...]) -> Rows:
+    """What one statement returned: its rows as named tuples of ``columns`` (none read
+    if it names none), loaded as psycopg's cursors load them, and the rows it touched."""
+    touched = result.command_tuples
+    count = -1 if touched is None else touched
+    if not columns or result.status != _TUPLES_OK or not result.ntuples:
+        return Rows([], count)
+    loader.set_pgresult(result)
+    return Rows(loader.load_rows(0, result.ntuples, _row_type(columns)._make), count)
 
 
 def raise_wrapped(

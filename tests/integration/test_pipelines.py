@@ -128,3 +128,57 @@ def test_a_transaction_that_runs_nothing_commits_nothing(backend: Backend, clien
     with db.transaction():
         pass
     assert _autocommit_of_pool(client) == [False]
+
+
+def _fleet_prepared(conn: Any) -> set[str]:
+    rows = conn.execute(text("SELECT name FROM pg_prepared_statements WHERE name LIKE 'fleet%'"))
+    return {name for (name,) in rows}
+
+
+def test_a_statement_is_prepared_once_on_a_connection_and_kept_past_rollbacks(
+    backend: Backend, client: Fleet
+) -> None:
+    """The first time a statement goes out on a connection it is prepared in the same
+    round trip; later transactions on that connection run it as prepared (preparing it
+    again would fail: the name is taken), even after a transaction that prepared it
+    rolled back (psycopg, preparing its own, would deallocate them all there)."""
+    run_id = client.enqueue("chain", 1).id
+    before = _seq(client, run_id)
+    db = client.runtime.db
+    seen: dict[int, set[str]] = {}
+    ran = 0
+    for _ in range(50):  # until a connection comes back a second time
+        with pytest.raises(ZeroDivisionError), db.transaction() as tx:
+            driver.send(tx.conn, _SEQ, {"b_run": run_id})
+            driver.send(tx.conn, _BUMP, {"b_run": run_id}).rows()
+            raise ZeroDivisionError
+        with db.transaction() as tx:
+            driver.send(tx.conn, _BUMP, {"b_run": run_id})
+            driver.send(tx.conn, _BUMP, {"b_run": run_id})
+            pid = tx.conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            names = _fleet_prepared(tx.conn)
+        ran += 1
+        assert names
+        if pid in seen:
+            assert seen[pid] == names
+            break
+        seen[pid] = names
+    else:
+        pytest.fail("the pool never handed a connection back twice")
+    assert _seq(client, run_id) == before + 2 * ran
+
+
+def test_a_nul_in_a_value_is_refused_naming_it_and_applies_nothing(
+    backend: Backend, client: Fleet
+) -> None:
+    """Postgres's text cannot hold NUL; libpq would cut the value at it. It is refused
+    before anything is sent, as psycopg refuses it."""
+    run_id = client.enqueue("chain", 1).id
+    before = _seq(client, run_id)
+    db = client.runtime.db
+    with pytest.raises(Exception, match="NUL") as raised, db.transaction() as tx:
+        driver.send(tx.conn, _BUMP, {"b_run": run_id})
+        driver.send(tx.conn, _BUMP, {"b_run": run_id + "\x00"})
+    assert not isinstance(raised.value, CommitUnknown)
+    assert _seq(client, run_id) == before
+    assert _autocommit_of_pool(client) == [False]
