@@ -151,6 +151,14 @@ def _replay(
         ctx = WorkflowContext(rt, run, history)
     # Whether the replay suspends, returns or raises, what it recorded is to be sent.
     replayed = Replayed(run, ctx.new_tasks, ctx.new_children)
+    # Where each store call commits on its own (SQLite; an advance's fallback after
+    # its one transaction failed), the run moves on first: had the replay recorded its
+    # steps and the run been marked advanced before a failed start, the run would stay
+    # queued with nothing to re-send it (the sweeper re-sends a run's advance only
+    # until it is marked advanced, and a step only once its run is running).
+    bound = rt.ledger.tx is not None
+    if not bound:
+        rt.ledger.begin_replay(run_id, status)
     try:
         try:
             if live is None:
@@ -167,10 +175,11 @@ def _replay(
                 raise Suspend
             _check_all_replayed(ctx, run_id)
         finally:
-            # The run moves on (queued or waiting → running) once the workflow has run,
-            # first of the replay's writes: in an advance's one transaction nothing is
-            # locked while the workflow runs (a worker frozen in it blocks no other).
-            rt.ledger.begin_replay(run_id, status)
+            # In one transaction the run moves on (queued or waiting → running) once the
+            # workflow has run, first of the replay's writes: nothing is locked while the
+            # workflow runs (a worker frozen in it blocks no other advance).
+            if bound:
+                rt.ledger.begin_replay(run_id, status)
         encoded = rt.payloads.dump(result, what=f"result of run {run_id}")
         ctx.flush()
     except Suspend:

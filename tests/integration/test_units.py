@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 
 from fleet import Fleet
 from fleet.errors import StoreUnavailable
@@ -275,3 +275,39 @@ def test_a_commit_whose_outcome_is_unknown_is_not_made_again(
     assert step is not None and step.status == "done", "the commit did apply"
     assert client.runtime.queries.incident_counts(run.id).get("fenced_write") is None
     assert [a.outcome for a in client.runtime.queries.attempts(run.id)] == ["done", "running"]
+
+
+def test_a_replay_whose_run_cannot_start_records_nothing_and_is_advanced_again(
+    backend: Backend, client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay of separate store calls (every advance on SQLite, and an advance's
+    fallback on Postgres once its one transaction failed) moves its run on first. Were
+    the start the last of its writes, a failure there would leave the next step
+    recorded and the run marked advanced under a run still queued: the sweeper re-sends
+    neither a run marked advanced nor a step of a run that is not running, and the run
+    would wait forever (seen with Postgres cutting a loaded worker's connections)."""
+    begin_replay = Ledger.begin_replay
+    failures = [1]
+
+    def flaky(ledger: Ledger, run_id: str, status: Any) -> None:
+        if ledger.tx is None and failures[0]:
+            failures[0] -= 1
+            raise StoreUnavailable("store hiccup in begin_replay")
+        begin_replay(ledger, run_id, status)
+
+    monkeypatch.setattr(Ledger, "begin_replay", flaky)
+    run = client.enqueue("chain", 3)
+    with pytest.raises(StoreUnavailable):
+        inline.step()  # the advance: replayed store call by store call (InlineBroker)
+    assert failures == [0], "the failure was injected"
+    view = client.run(run.id)
+    assert view.status() == "queued"
+    with client.runtime.db.begin() as conn:
+        recorded = conn.execute(
+            text("SELECT count(*) FROM fleet_steps WHERE run_id = :r"), {"r": run.id}
+        )
+        assert recorded.scalar_one() == 0, "nothing recorded under a run that did not start"
+    inline.sent.append(("fleet.advance", [run.id]))  # as the sweeper re-sends it
+    inline.drain()
+    assert run.wait(timeout=5) == 0 + 1 + 4
+    assert starts(backend, run.id) == {"work#1": 1, "work#2": 1, "work#3": 1}
