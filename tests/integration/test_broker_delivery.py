@@ -66,4 +66,3 @@ def test_a_killed_worker_s_messages_are_sent_again_from_the_store(
     cluster.sweeper()
     assert run.wait(timeout=60) == 2
     assert starts(backend, run.id) == {"later#1": 2}
-

@@ -52,4 +52,3 @@ def test_round_trips_of_attempts_on_the_loop_overlap(backend: Backend, client: F
     took = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
     assert took < 1.5, f"four 0.5 s round trips one after another would take 2 s: {took:.2f}"
     assert ticks - before >= 20, "the loop's coroutines went on while they waited"
-
