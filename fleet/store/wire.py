@@ -325,6 +325,8 @@ def send_all(
             out.append(pending)
         return out
     except Exception as exc:
+        if wire.open and _WIRES.get(id(conn)) is not wire:
+            _close_quietly(wire)  # no ``abandon`` will see this one: the pipeline ends here
         raise_wrapped(conn, exc, sql, bound)
         raise  # unreachable
 
@@ -422,7 +424,10 @@ def _round_trip(pgconn: Any, expected: int) -> Any:
     yield from generators.send(pgconn)
     out = []
     for _ in range(expected + 1):
-        out.append((yield from generators.fetch_many(pgconn))[-1])
+        results = yield from generators.fetch_many(pgconn)
+        if not results:  # libpq has nothing more to give: the session is gone
+            raise psycopg.OperationalError("the server sent fewer results than statements")
+        out.append(results[-1])
     return out
 
 

@@ -182,3 +182,22 @@ def test_a_nul_in_a_value_is_refused_naming_it_and_applies_nothing(
     assert not isinstance(raised.value, CommitUnknown)
     assert _seq(client, run_id) == before
     assert _autocommit_of_pool(client) == [False]
+
+
+def test_a_value_refused_outside_a_fleet_transaction_leaves_its_connection_usable(
+    backend: Backend, client: Fleet
+) -> None:
+    """Statements sent together in a transaction fleet does not hold (SQLAlchemy's own):
+    one refused while they are queued ends their pipeline there, so the rollback and
+    the connection's next transaction run as ever, and nothing queued before it applied."""
+    run_id = client.enqueue("chain", 1).id
+    before = _seq(client, run_id)
+    db = client.runtime.db
+    with db.engine.connect() as conn:
+        with pytest.raises(Exception, match="NUL"), conn.begin():
+            calls = [(_BUMP, {"b_run": run_id}), (_BUMP, {"b_run": run_id + "\x00"})]
+            driver.pipelined(conn, calls)
+        with conn.begin():
+            assert conn.execute(_SEQ, {"b_run": run_id}).scalar_one() == before
+            driver.pipelined(conn, [(_BUMP, {"b_run": run_id})])
+    assert _seq(client, run_id) == before + 1
