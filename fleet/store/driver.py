@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Boolean, Float, Integer
 from sqlalchemy.engine import Connection
 
-from fleet.store import wire
+from fleet.store import libpq, wire
 from fleet.store.wire import Rows
 
 # (id of the statement, dialect, driver) → how to run it. Only module constants built
@@ -51,7 +51,7 @@ class Compiled:
     columns: tuple[str, ...]
     # As libpq takes it, where statements go out through psycopg's libpq connection
     # (fleet/store/wire.py): psycopg's dialect only.
-    native: wire.Native | None
+    native: libpq.Native | None
 
     def bind(self, params: Params) -> Any:
         values = {**self.constants, **params}
@@ -102,7 +102,7 @@ def _compile(stmt: Any, dialect: Any) -> Compiled | None:
     native = None
     if dialect.driver == "psycopg" and not comp.positional:
         types = {name: _oid(bind.type) for name, bind in comp.binds.items()}
-        native = wire.Native(next(_SERIALS), expanded.statement, types)
+        native = libpq.Native(next(_SERIALS), expanded.statement, types)
     return Compiled(expanded.statement, constants, order, processors, columns, native)
 
 

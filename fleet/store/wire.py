@@ -28,15 +28,16 @@ bound by ``fleet/store/driver.py``, the only caller.
 from __future__ import annotations
 
 import logging
-import re
 from collections import namedtuple
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import generators, pq
-from psycopg.adapt import PyFormat, Transformer
+from psycopg import pq
+from psycopg.adapt import Transformer
 from sqlalchemy.engine import Connection
+
+from fleet.store import libpq
 
 if TYPE_CHECKING:
     from fleet.store.driver import Compiled, Params
@@ -78,52 +79,6 @@ def _row_type(columns: tuple[str, ...]) -> Any:
         made = namedtuple("Row", columns, rename=True)  # type: ignore[misc,no-redef]
         _ROW_TYPES[columns] = made
     return made
-
-
-class Native:
-    """A statement as libpq takes it: the name it is prepared under on each connection,
-    its SQL with positional parameters, the bound values' names in that order, and the
-    type of each parameter (0: the server infers it from the statement)."""
-
-    __slots__ = ("name", "sql", "names", "types")
-
-    def __init__(self, serial: int, sql: str, types: dict[str, int]) -> None:
-        names: list[str] = []
-
-        def positional(match: re.Match[str]) -> str:
-            if match.group(1) is None:
-                return "%"  # a literal %, escaped as %% in the driver's paramstyle
-            if match.group(1) not in names:
-                names.append(match.group(1))
-            return f"${names.index(match.group(1)) + 1}"
-
-        self.name = f"fleet_{serial}".encode()
-        self.sql = _PLACEHOLDER.sub(positional, sql).encode()
-        self.names = tuple(names)
-        self.types = tuple(types.get(name, 0) for name in names)
-
-
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
-_ANY = Transformer()  # psycopg's dumpers, for a value of a type ``_text`` does not know
-
-
-def _text(value: Any) -> bytes | None:
-    """``value`` as a parameter in text format, as psycopg would send it."""
-    kind = type(value)
-    if kind is str:
-        if "\x00" in value:
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        return value.encode()
-    if value is None:
-        return None
-    if kind is int:
-        return b"%d" % value
-    if kind is float:
-        return repr(value).encode()
-    if kind is bool:
-        return b"t" if value else b"f"
-    dumped = _ANY.get_dumper(value, PyFormat.TEXT).dump(value)
-    return None if dumped is None else bytes(dumped)
 
 
 _BEGIN, _COMMIT = b"BEGIN", b"COMMIT"
@@ -314,7 +269,7 @@ def send_all(
                         fn(conn, None, sql, bound, None, False)
                 finally:
                     wire.driving = False
-            values = [_text(bound[name]) for name in native.names]
+            values = [libpq.text_value(bound[name]) for name in native.names]
             if native.name not in prepared and native.name not in wire.preparing:
                 pgconn.send_prepare(native.name, native.sql, param_types=native.types)
                 wire.preparing.add(native.name)
@@ -407,7 +362,7 @@ def _trip(wire: _Wire) -> tuple[list[Pending | bytes | None], list[Any]]:
     wire.broken = True
     pgconn.pipeline_sync()
     with dbapi.lock:
-        results = dbapi.wait(_round_trip(pgconn, len(queued)))
+        results = dbapi.wait(libpq.round_trip(pgconn, len(queued)))
     pgconn.exit_pipeline_mode()
     wire.open, wire.broken = False, False
     prepared = _prepared(dbapi)
@@ -416,19 +371,6 @@ def _trip(wire: _Wire) -> tuple[list[Pending | bytes | None], list[Any]]:
             prepared.add(entry)
     wire.preparing.clear()
     return queued, results
-
-
-def _round_trip(pgconn: Any, expected: int) -> Any:
-    """psycopg's generator protocol: write libpq's buffer, then read ``expected``
-    statements' results and the Sync's; each statement's last result, in order."""
-    yield from generators.send(pgconn)
-    out = []
-    for _ in range(expected + 1):
-        results = yield from generators.fetch_many(pgconn)
-        if not results:  # libpq has nothing more to give: the session is gone
-            raise psycopg.OperationalError("the server sent fewer results than statements")
-        out.append(results[-1])
-    return out
 
 
 def _rows(loader: Any, result: Any, columns: tuple[str, ...]) -> Rows:
