@@ -1,14 +1,15 @@
-"""The statements a step runs on every attempt, executed on the driver's own cursor.
+"""The statements a step runs on every attempt, executed below SQLAlchemy.
 
 SQLAlchemy compiles each of them once per dialect (``compiled``); a call then binds
-its values and hands the SQL to the DBAPI cursor of the connection the caller's
-transaction holds, skipping SQLAlchemy's per-execution machinery (its compiled-cache
-lookup, parameter construction and expansion, and result set-up), which cost more of a
-step than the statements' round trips did (bench/RESULTS.md, "Where a step's time
-goes"). Everything else about the execution is SQLAlchemy's: the transaction is the
-caller's, a driver error is wrapped as SQLAlchemy wraps it (a dropped connection is
-invalidated), and ``before_cursor_execute``/``after_cursor_execute`` listeners see
-each statement.
+its values and hands the SQL to the connection the caller's transaction holds (on
+Postgres to ``wire.py``, which sends it through libpq as a statement fleet prepared
+on that connection; elsewhere to the DBAPI cursor), skipping SQLAlchemy's
+per-execution machinery (its compiled-cache lookup, parameter construction and
+expansion, and result set-up), which cost more of a step than the statements' round
+trips did (bench/RESULTS.md, "Where a step's time goes"). Everything else about the
+execution is SQLAlchemy's: the transaction is the caller's, a driver error is wrapped
+as SQLAlchemy wraps it (a dropped connection is invalidated), and
+``before_cursor_execute``/``after_cursor_execute`` listeners see each statement.
 
 Only statements whose values need no per-execution processing beyond a bind
 processor, and whose result columns need none, are run so; ``run`` falls back to
