@@ -188,10 +188,7 @@ def run(conn: Connection, stmt: Any, params: Params | Sequence[Params]) -> Any:
         done = pipelined(conn, [(stmt, one) for one in batch])
         return done[0] if len(done) == 1 else Rows([], sum(max(r.rowcount, 0) for r in done))
     line = wire.held(conn)
-    if line is not None:
-        if how is not None and (isinstance(params, Mapping) or len(params) == 1):
-            one = params if isinstance(params, Mapping) else params[0]
-            return pipelined(conn, [(stmt, one)])[0]  # with the BEGIN, or what is pending
+    if line is not None:  # SQLAlchemy runs this one: the BEGIN and what is pending go first
         wire.sync(conn, line)
     if how is None:
         return conn.execute(stmt, params)

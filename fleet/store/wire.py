@@ -323,6 +323,7 @@ def sync(conn: Connection, wire: _Wire, *, commit: bool = False) -> None:
     """Send what is queued (the BEGIN first if it has not gone; a COMMIT last if
     ``commit``) in one write, and read every result; the first error among them is
     raised (wrapped), after every result is read."""
+    what = "COMMIT" if commit else "(a pipeline's sync)"  # as an error names it
     try:
         _open(wire)
         if commit:
@@ -330,7 +331,7 @@ def sync(conn: Connection, wire: _Wire, *, commit: bool = False) -> None:
             wire.queued.append(None)
         queued, results = _trip(wire)
     except Exception as exc:
-        raise_wrapped(conn, exc, "COMMIT" if commit else "(a pipeline's sync)", None)
+        raise_wrapped(conn, exc, what, None)
         raise  # unreachable
     listening = conn._has_events or conn.engine._has_events
     loader = Transformer(wire.dbapi)
@@ -347,7 +348,7 @@ def sync(conn: Connection, wire: _Wire, *, commit: bool = False) -> None:
         if status == _TUPLES_OK or status == pq.ExecStatus.COMMAND_OK:
             entry.result = _rows(loader, result, entry.how.columns)
     if failed is not None:
-        raise_wrapped(conn, failed, "COMMIT" if commit else "(a pipeline's sync)", None)
+        raise_wrapped(conn, failed, what, None)
 
 
 def _trip(wire: _Wire) -> tuple[list[Pending | bytes | None], list[Any]]:
