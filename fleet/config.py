@@ -114,8 +114,9 @@ class Settings:
     gc_threshold: tuple[int, int, int] | None = (5000, 20, 100)
     # A worker keeps up to this many runs' workflows suspended between their advances
     # (fleet/worker/live.py), so a long run's next step costs no replay of its history;
-    # 0: every advance replays from the top.
-    live_runs: int = 256
+    # 0: every advance replays from the top. One per run: enough for an async worker's
+    # hundreds of runs in flight (below them every advance replays from the top).
+    live_runs: int = 1024
     # 0: derived from the lease (see ``visibility_timeout``).
     visibility_timeout_seconds: float = 0.0
     # Redis keeps every delivered message until its task acknowledges it and delivers

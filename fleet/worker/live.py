@@ -23,19 +23,21 @@ same history would do:
 Anything else (another process or thread, an entry dropped for room, a check that
 fails) replays from the top, which stays the recovery path every kill test exercises.
 
-A greenlet resumes only on the thread that made it, so entries are kept per thread
-(and one whose thread died, its ident taken by another, is refused by ``bind``).
-Not on a gevent pool, where every task is a greenlet of one thread and a store call
-switches greenlets under the workflow: there every advance replays. At most
-``FLEET_LIVE_RUNS`` entries per process, holding at most ``MAX_BYTES`` of recorded
-outputs between them (a parked workflow keeps every output it was handed alive, as
-the workflow itself often does), the least recently parked dropped first; a dropped
-greenlet is unwound by the greenlet library (``GreenletExit``) on its thread.
+A greenlet resumes only on the thread that made it: one entry per run, resumed only by
+an advance on its thread (and one whose thread died, its ident taken by another, is
+refused by ``bind``). Not on a gevent pool, where every task is a greenlet of one
+thread and a store call switches greenlets under the workflow: there every advance
+replays. At most ``FLEET_LIVE_RUNS`` entries per process, holding at most ``MAX_BYTES``
+of recorded outputs between them (a parked workflow keeps every output it was handed
+alive, as the workflow itself often does), the least recently parked dropped first; a
+dropped greenlet is unwound (``GreenletExit``) at once on its own thread, by the
+greenlet library on another.
 """
 
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -50,6 +52,8 @@ from fleet.store.engine import Database, after_commit
 from fleet.store.rows import RunRow, StepRow
 from fleet.worker.runtime import Runtime, under_gevent
 from fleet.worker.workflow import WorkflowContext
+
+log = logging.getLogger("fleet.live")
 
 # What the parked workflows of one process may hold between them, in recorded bytes of
 # the outputs they were handed (the history cache's bound, fleet/store/history.py).
@@ -117,16 +121,32 @@ class Live:
         return all(history[start + i].step_id == step_id for i, step_id in enumerate(ids))
 
     def drop(self) -> None:
-        """Never resume it: a park while it unwinds raises ``Suspend`` instead."""
+        """Never resume it, and unwind it now if it is this thread's: a parked greenlet
+        and its frames hold each other, so left to the collector a dropped one lives on
+        until a full collection (hundreds of megabytes of them in a worker whose runs
+        outnumber ``FLEET_LIVE_RUNS``). Another thread's is unwound by the greenlet
+        library once nothing holds it. A park while it unwinds raises ``Suspend``."""
         self.ctx.live = False
+        glet, self.glet = self.glet, None
+        if glet is None or glet.dead or self.thread != threading.get_ident():
+            return
+        try:
+            glet.parent = greenlet.getcurrent()
+            glet.throw()  # GreenletExit, where it parked
+        except Exception as exc:  # what its unwinding raised (a park: Suspend) is not ours
+            log.debug("run %s: its dropped workflow unwound with %r", self.ctx.run_id, exc)
 
 
 class LiveRuns:
-    """This process's parked workflows, by run id and thread."""
+    """This process's parked workflows, one per run: the one its latest advance parked,
+    on that advance's thread. An advance on another thread drops it (a greenlet
+    resumes only where it was made): an async step's run moves from the slot that
+    started it to the loop's thread for good, and a parked copy left behind on the
+    slot would only take room."""
 
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[str, int], tuple[Live, int]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[Live, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.resumed = 0  # advances that resumed a parked workflow, for the benchmarks
@@ -134,13 +154,17 @@ class LiveRuns:
     def take(
         self, rt: Runtime, run: RunRow, history: Sequence[StepRow], wf: WorkflowDef
     ) -> Live | None:
-        """This thread's parked workflow of ``run``, taken out, if it may be resumed for
-        this advance; None: replay from the top (and any entry that did not fit is
-        dropped)."""
-        live = self._pop((run.id, threading.get_ident()))
+        """The run's parked workflow, taken out, if it may be resumed on this thread for
+        this advance; None: replay from the top (and the entry, if any, is dropped)."""
+        live = self._pop(run.id)
         if live is None:
             return None
-        if live.wf is not wf or not live.fits(rt, run, history) or not live.bind():
+        if (
+            live.thread != threading.get_ident()
+            or live.wf is not wf
+            or not live.fits(rt, run, history)
+            or not live.bind()
+        ):
             live.drop()
             return None
         self.resumed += 1
@@ -149,30 +173,32 @@ class LiveRuns:
     def holds(self, run_id: str) -> bool:
         """This thread keeps a parked workflow of the run."""
         with self._lock:
-            return (run_id, threading.get_ident()) in self._entries
+            entry = self._entries.get(run_id)
+            return entry is not None and entry[0].thread == threading.get_ident()
 
-    def _pop(self, key: tuple[str, int]) -> Live | None:
+    def _pop(self, run_id: str) -> Live | None:
         with self._lock:
-            entry = self._entries.pop(key, None)
+            entry = self._entries.pop(run_id, None)
             if entry is None:
                 return None
             self._bytes -= entry[1]
             return entry[0]
 
     def discard(self, run_id: str) -> None:
-        """Drop this thread's parked workflow of a run that will not be advanced again."""
-        live = self._pop((run_id, threading.get_ident()))
+        """Drop the parked workflow of a run that will not be advanced again."""
+        live = self._pop(run_id)
         if live is not None:
             live.drop()
 
     def keep(self, live: Live, limit: int) -> None:
-        """Keep a parked workflow for the run's next advance on this thread, dropping the
-        least recently parked past ``limit`` entries or ``max_bytes`` (one that alone
-        holds more is not kept: replaying it is cheaper than holding it)."""
+        """Keep a parked workflow for the run's next advance on its thread (in place of
+        any other of the run), dropping the least recently parked past ``limit`` entries
+        or ``max_bytes`` (one that alone holds more is not kept: replaying it is cheaper
+        than holding it)."""
         size = live.ctx.talk.held_bytes
         dropped: list[Live] = []
         with self._lock:
-            key = (live.ctx.run_id, live.thread)
+            key = live.ctx.run_id
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old[1]

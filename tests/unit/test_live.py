@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import greenlet
+
 from fleet.worker.live import Live, LiveRuns
 
 REGISTRY, DB = object(), object()
@@ -86,3 +88,52 @@ def test_a_process_holds_at_most_its_bytes_of_outputs() -> None:
     runs.keep(big, limit=10)
     assert len(runs) == 0 and runs.held_bytes == 0, "one over the bound alone is not kept"
     assert big.ctx.live is False
+
+
+def _started(unwound: list[str], run_id: str = "r") -> Live:
+    """A live run whose workflow has parked in its greenlet, noting in ``unwound`` when
+    it is unwound."""
+
+    def body(ctx: Any) -> None:
+        try:
+            greenlet.getcurrent().parent.switch("parked")
+        finally:
+            unwound.append(ctx.run_id)
+
+    live = _parked(0, ("s#1",), 1)
+    live.ctx.run_id = run_id
+    live.wf = SimpleNamespace(fn=body)  # type: ignore[assignment]
+    assert live.run() == "parked"
+    return live
+
+
+def test_a_dropped_workflow_is_unwound_at_once_on_its_thread() -> None:
+    """Fails without the unwinding in ``Live.drop``: a parked greenlet and its frames
+    hold each other, so a dropped one waited for a full collection."""
+    runs, unwound = LiveRuns(), []
+    first = _started(unwound, "a")
+    runs.keep(first, limit=1)
+    runs.keep(_started(unwound, "b"), limit=1)
+    assert unwound == ["a"] and first.glet is None
+    runs.discard("b")
+    assert unwound == ["a", "b"] and len(runs) == 0
+
+
+def test_a_run_keeps_one_parked_workflow_that_of_its_latest_thread() -> None:
+    """An async step's run moves from a slot's thread to the loop's: its parked copy on
+    the slot is replaced, not kept beside (fails with entries by run and thread)."""
+    runs, unwound = LiveRuns(), []
+    run: Any = SimpleNamespace(id="r", created_at=1.0)
+    on_slot = _parked(0, ("s#1",), 1)
+    on_slot.thread = -1  # another thread's
+    runs.keep(on_slot, limit=10)
+    assert len(runs) == 1 and not runs.holds("r"), "held, but not for this thread"
+    assert runs.take(RT, run, _history("s#1"), on_slot.wf) is None, "not resumed here"
+    assert on_slot.ctx.live is False and len(runs) == 0
+    on_slot.ctx.live = True
+    runs.keep(on_slot, limit=10)
+    here = _started(unwound)
+    runs.keep(here, limit=10)
+    assert len(runs) == 1 and runs.holds("r") and on_slot.ctx.live is False
+    assert runs.take(RT, run, _history("s#1"), here.wf) is here
+    assert unwound == []
