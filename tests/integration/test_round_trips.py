@@ -161,6 +161,26 @@ def test_a_one_step_run_costs_six_round_trips(
     assert all(client.run(i).status() == "succeeded" for i in ids)
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_an_enqueue_is_one_round_trip_to_the_store(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """A run's insert goes out with its transaction's BEGIN and COMMIT and is read after
+    them (two round trips before 2026-12-06), and an id enqueued again is still told
+    apart from a new one."""
+    client.enqueue("nops", 1, run_id="warm")
+    wire = Wire()
+    wire.start()
+    try:
+        client.enqueue("nops", 1, run_id="once")
+    finally:
+        wire.stop()
+    assert wire.per_checkout == [1], wire.per_checkout
+    inline.sent.clear()
+    client.enqueue("nops", 1, run_id="once")
+    assert inline.sent == [], "an id enqueued again sends nothing"
+
+
 def test_a_snapshot_made_for_another_run_of_that_id_is_read_again(
     backend: Backend, client: Fleet, inline: InlineBroker
 ) -> None:
