@@ -8,9 +8,11 @@ worker process's one event loop, its attempt off its slot as a greenlet on a str
 strands). The limit is ``min(slots + room off them, runs in flight) / step latency``
 steps/s; the figure is achieved steps/s over it (the issue's target: >= 0.9 at 500),
 with the wall time read from the store (first run created to last run finished), and
-the worker's CPU per step beside the sync figure of ``bench.io_bound``. ``--enqueue
-async`` starts a batch's runs with concurrent ``aenqueue`` calls instead of one
-``enqueue`` after another.
+the worker's CPU per step beside the sync figure of ``bench.io_bound``. Each measured
+batch is printed with the host's pace just before it (``bench.common.host_pace``): on
+a shared host the same tree's ratio moves with it. ``--enqueue async`` starts a
+batch's runs with concurrent ``aenqueue`` calls instead of one ``enqueue`` after
+another.
 
     .venv/bin/python -m bench.async_steps [--reps 2] [--only "async c=100,async c=500"]
     .venv/bin/python -m bench.async_steps --reps 2 --enqueue async --only "async c=500"
@@ -30,7 +32,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from bench.common import percentile, processes, save, services
+from bench.common import host_pace, percentile, processes, save, services
 from bench.io_bound import ENQUEUE, Batch, Config, batch_figures, run_batch
 from bench.io_bound import report as io_report
 from fleet import Fleet, RetryPolicy, Settings, StepContext, WorkflowContext
@@ -124,11 +126,15 @@ def measure(
 ) -> Batch:
     """One batch of ``cfg.runs`` runs enqueued at once (``how``: one after another, or
     all with ``aenqueue``), its figures from the store (and its peak of attempts running
-    at once, kept in ``PEAKS``)."""
+    at once, kept in ``PEAKS``; where its wall went, its ratio and the host's pace just
+    before it, in ``PHASES``)."""
+    pace = host_pace()  # the worker idle: the host's pace, not the worker's load
     ids, enqueue_s, used = run_batch(client, cfg, seconds, timeout, pids, aagent, ENQUEUE[how])
     batch, attempts = batch_figures(client, cfg, seconds, ids, enqueue_s, used)
     PEAKS.setdefault(cfg.label, []).append(peak_concurrency(attempts))
-    PHASES.setdefault(cfg.label, []).append(phases(attempts))
+    PHASES.setdefault(cfg.label, []).append(
+        {**phases(attempts), "ratio": batch.ratio, "host_pace_ms": pace}
+    )
     return batch
 
 
@@ -195,11 +201,15 @@ def main() -> None:
     print("peak attempts awaiting at once (warm-up, then each batch):")
     for label, peaks in PEAKS.items():
         print(f"  {label:<13} {peaks}")
-    print("where the wall goes, s from the first run's creation (each measured batch):")
+    print(
+        "each measured batch: its ratio, the host's pace before it (bench.common.host_pace, "
+        "ms: more is slower), and where its wall goes, in s from its first run's creation"
+    )
     for label, batches in PHASES.items():
         for ph in batches[1:]:  # the first is the warm-up
             print(
-                f"  {label:<21} last created {ph['last_created_s']:.2f}, its first step "
+                f"  {label:<21} {ph['ratio']:.2f} at pace {ph['host_pace_ms']:.0f}: "
+                f"last created {ph['last_created_s']:.2f}, its first step "
                 f"{ph['last_first_step_s']:.2f}; a run spans {ph['run_span_p50_s']:.2f} "
                 f"(most {ph['run_span_max_s']:.2f}), an attempt {ph['attempt_p50_s']:.3f}; "
                 f"last end {ph['last_end_s']:.2f}"

@@ -148,6 +148,19 @@ def _cmd(argv: list[str]) -> str:
         return "not found"
 
 
+def host_pace(additions: int = 3_000_000) -> float:
+    """Milliseconds this interpreter takes to add up ``additions`` integers in a plain
+    loop, now: the pace of a shared host at this moment. The same machine's figures
+    move with it (on the 2-core host of bench/RESULTS.md the same loop has taken twice
+    as long in one hour as in the hour before), so a benchmark prints it beside each
+    batch and a reader can tell a slow hour from a change."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(additions):
+        total += i
+    return (time.perf_counter() - start) * 1000
+
+
 def machine() -> dict[str, Any]:
     """The facts a reader needs to compare figures: CPU, cores, versions."""
     cpu = "unknown"
