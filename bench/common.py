@@ -152,8 +152,8 @@ def host_pace(additions: int = 3_000_000) -> float:
     """Milliseconds this interpreter takes to add up ``additions`` integers in a plain
     loop, now: the pace of a shared host at this moment. The same machine's figures
     move with it (on the 2-core host of bench/RESULTS.md the same loop has taken twice
-    as long in one hour as in the hour before), so a benchmark prints it beside each
-    batch and a reader can tell a slow hour from a change."""
+    as long at one moment as at another half an hour before), so a benchmark prints it
+    beside each batch and a reader can tell a slow minute from a change."""
     start = time.perf_counter()
     total = 0
     for i in range(additions):
