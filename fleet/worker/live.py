@@ -29,9 +29,17 @@ refused by ``bind``). Not on a gevent pool, where every task is a greenlet of on
 thread and a store call switches greenlets under the workflow: there every advance
 replays. At most ``FLEET_LIVE_RUNS`` entries per process, holding at most ``MAX_BYTES``
 of recorded outputs between them (a parked workflow keeps every output it was handed
-alive, as the workflow itself often does), the least recently parked dropped first; a
-dropped greenlet is unwound (``GreenletExit``) at once on its own thread, by the
-greenlet library on another.
+alive, as the workflow itself often does), the least recently parked dropped first.
+
+A dropped greenlet is unwound (``GreenletExit``) by its own thread, from plain code: at
+once if the drop is there, else at that thread's next ``take`` (its orphans). It is
+never let go on another thread: the greenlet library then kills it on its own thread at
+that thread's next greenlet call, which may be in the middle of a switch, and the
+dying greenlet's ``GreenletExit`` message came back from a switch it had no part in:
+the loop's thread, resuming a run's workflow after its commit failed, took "Killing the
+greenlet because all references have vanished." for the workflow's return value and
+recorded it as the run's result (tests/integration/test_async_store_cut.py, about 1
+in 14). ``Live.run`` also refuses such a value rather than record it.
 """
 
 from __future__ import annotations
@@ -47,11 +55,12 @@ from typing import Any
 
 import greenlet
 
+from fleet.errors import StoreUnavailable
 from fleet.registry import Registry, WorkflowDef
 from fleet.store.engine import Database, after_commit
 from fleet.store.rows import RunRow, StepRow
 from fleet.worker.runtime import Runtime, under_gevent
-from fleet.worker.workflow import WorkflowContext
+from fleet.worker.workflow import PARKED, Suspend, WorkflowContext
 
 log = logging.getLogger("fleet.live")
 
@@ -86,7 +95,17 @@ class Live:
         self.glet.parent = greenlet.getcurrent()
         # It sees this advance's context variables (its log context, its redactor).
         self.glet.gr_context = contextvars.copy_context()
-        return self.glet.switch()
+        value = self.glet.switch()
+        if value is not PARKED and not self.glet.dead:
+            # Not the workflow's: it neither parked nor returned. Another greenlet's end
+            # came back through this switch (module docstring); nothing is recorded of
+            # it, and the run is advanced again from the store.
+            self.drop()
+            raise StoreUnavailable(
+                f"run {self.ctx.run_id}: its workflow's greenlet was switched away from "
+                f"(got {value!r:.100}); the run will be advanced again"
+            )
+        return value
 
     def bind(self) -> bool:
         """Make the greenlet that is running now the one it parks back to; False if it
@@ -124,17 +143,44 @@ class Live:
         """Never resume it, and unwind it now if it is this thread's: a parked greenlet
         and its frames hold each other, so left to the collector a dropped one lives on
         until a full collection (hundreds of megabytes of them in a worker whose runs
-        outnumber ``FLEET_LIVE_RUNS``). Another thread's is unwound by the greenlet
-        library once nothing holds it. A park while it unwinds raises ``Suspend``."""
+        outnumber ``FLEET_LIVE_RUNS``). Another thread's is handed to that thread, which
+        unwinds it at its next ``take`` (module docstring). A park while it unwinds
+        raises ``Suspend``."""
         self.ctx.live = False
         glet, self.glet = self.glet, None
-        if glet is None or glet.dead or self.thread != threading.get_ident():
+        if glet is None or glet.dead:
             return
-        try:
-            glet.parent = greenlet.getcurrent()
-            glet.throw()  # GreenletExit, where it parked
-        except Exception as exc:  # what its unwinding raised (a park: Suspend) is not ours
-            log.debug("run %s: its dropped workflow unwound with %r", self.ctx.run_id, exc)
+        if self.thread != threading.get_ident():
+            with _ORPHANS_LOCK:
+                _ORPHANS.setdefault(self.thread, []).append((glet, self.ctx.run_id))
+            return
+        _unwind(glet, self.ctx.run_id)
+
+
+# Parked workflows dropped on another thread than theirs, by their thread's ident.
+_ORPHANS: dict[int, list[tuple[greenlet.greenlet, str]]] = {}
+_ORPHANS_LOCK = threading.Lock()
+
+
+def _unwind(glet: greenlet.greenlet, run_id: str) -> None:
+    """Throw ``GreenletExit`` into a parked workflow of this thread, from here."""
+    try:
+        glet.parent = greenlet.getcurrent()
+        glet.throw()  # GreenletExit, where it parked
+    except (Exception, Suspend) as exc:  # what its unwinding raised is not ours
+        log.debug("run %s: its dropped workflow unwound with %r", run_id, exc)
+
+
+def unwind_orphans() -> int:
+    """Unwind the parked workflows of this thread that other threads dropped; how many."""
+    me = threading.get_ident()
+    if me not in _ORPHANS:  # the common case, without the lock
+        return 0
+    with _ORPHANS_LOCK:
+        orphans = _ORPHANS.pop(me, [])
+    for glet, run_id in orphans:
+        _unwind(glet, run_id)
+    return len(orphans)
 
 
 class LiveRuns:
@@ -155,7 +201,9 @@ class LiveRuns:
         self, rt: Runtime, run: RunRow, history: Sequence[StepRow], wf: WorkflowDef
     ) -> Live | None:
         """The run's parked workflow, taken out, if it may be resumed on this thread for
-        this advance; None: replay from the top (and the entry, if any, is dropped)."""
+        this advance; None: replay from the top (and the entry, if any, is dropped).
+        First, this thread unwinds what other threads dropped of its own."""
+        unwind_orphans()
         live = self._pop(run.id)
         if live is None:
             return None
@@ -230,8 +278,15 @@ class LiveRuns:
 
 
 RUNS = LiveRuns()
-# A forked child (Celery's prefork pool) keeps none of its parent's greenlets.
-os.register_at_fork(after_in_child=RUNS.clear)
+
+
+def _forked() -> None:
+    """A forked child (Celery's prefork pool) keeps none of its parent's greenlets."""
+    RUNS.clear()
+    _ORPHANS.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def start(

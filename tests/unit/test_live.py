@@ -3,12 +3,16 @@ and the bound on how many a process keeps; with stand-ins for the context and ro
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
 import greenlet
+import pytest
 
+from fleet.errors import StoreUnavailable
 from fleet.worker.live import Live, LiveRuns
+from fleet.worker.workflow import PARKED
 
 REGISTRY, DB = object(), object()
 
@@ -96,14 +100,14 @@ def _started(unwound: list[str], run_id: str = "r") -> Live:
 
     def body(ctx: Any) -> None:
         try:
-            greenlet.getcurrent().parent.switch("parked")
+            greenlet.getcurrent().parent.switch(PARKED)
         finally:
             unwound.append(ctx.run_id)
 
     live = _parked(0, ("s#1",), 1)
     live.ctx.run_id = run_id
     live.wf = SimpleNamespace(fn=body)  # type: ignore[assignment]
-    assert live.run() == "parked"
+    assert live.run() is PARKED
     return live
 
 
@@ -137,3 +141,60 @@ def test_a_run_keeps_one_parked_workflow_that_of_its_latest_thread() -> None:
     assert len(runs) == 1 and runs.holds("r") and on_slot.ctx.live is False
     assert runs.take(RT, run, _history("s#1"), here.wf) is here
     assert unwound == []
+
+
+def test_a_workflow_dropped_on_another_thread_is_unwound_by_its_own() -> None:
+    """A parked greenlet is never let go on another thread (the greenlet library would
+    kill it on its own thread at any greenlet call there, a switch included): it is
+    handed over, and its thread unwinds it at its next ``take``. Fails without the
+    hand-over: nothing unwinds it in ``take``, the library does, elsewhere."""
+    runs, unwound, where = LiveRuns(), [], []
+    parked, go, done = threading.Event(), threading.Event(), threading.Event()
+    holder: list[Live] = []
+    run: Any = SimpleNamespace(id="other", created_at=1.0)
+
+    def slot() -> None:
+        live = _started(unwound, "r")
+        holder.append(live)
+        parked.set()
+        go.wait(10)
+        unwound.append("before take")
+        runs.take(RT, run, _history(), live.wf)  # a take of another run, on this thread
+        where.append(threading.get_ident())
+        done.set()
+
+    thread = threading.Thread(target=slot)
+    thread.start()
+    assert parked.wait(10)
+    (live,) = holder
+    live.drop()  # on this thread: not its own
+    assert live.glet is None and live.ctx.live is False
+    holder.clear()
+    del live
+    assert unwound == [], "not unwound on a thread that is not its own"
+    go.set()
+    assert done.wait(10)
+    thread.join(10)
+    assert unwound == ["before take", "r"], "unwound by its own thread's next take"
+
+
+def test_a_switch_that_is_not_the_workflow_s_is_refused() -> None:
+    """A value that reaches ``Live.run`` while its workflow neither parked nor returned
+    is another greenlet's (here a helper's end, its parent the caller): refused, and
+    the run is left to be advanced again, never given that value as its result."""
+    unwound: list[str] = []
+
+    def body(ctx: Any) -> None:
+        try:
+            caller = greenlet.getcurrent().parent
+            helper = greenlet.greenlet(lambda: "not the workflow's", parent=caller)
+            helper.switch()  # it ends, and its value goes to the caller
+            greenlet.getcurrent().parent.switch(PARKED)
+        finally:
+            unwound.append(ctx.run_id)
+
+    live = _parked(0, ("s#1",), 1)
+    live.wf = SimpleNamespace(fn=body)  # type: ignore[assignment]
+    with pytest.raises(StoreUnavailable, match="switched away from"):
+        live.run()
+    assert live.glet is None and unwound == ["r"], "dropped and unwound"
