@@ -30,6 +30,7 @@ RESULT = sum(i * i for i in range(STEPS))  # ``async_chain``: the sum of the squ
 # and ``other``; ``anap`` has five). Cutting until every run had ended instead lost a
 # step's every attempt when the host was loaded (three copies at once).
 CUT_FOR = 4.0
+BATCHES = 3
 
 
 def _cut_the_worker_s_connections(conn: Any) -> int:
@@ -52,18 +53,25 @@ def test_async_steps_go_on_when_postgres_cuts_their_connections(
     cluster.sweeper()  # on untagged connections: only the worker's are cut
     backend.extra_env["FLEET_DATABASE_URL"] = f"{url}?application_name={TAG}"
     worker = cluster.worker("w1", concurrency=2)
-    runs = [client.enqueue("async_chain", STEPS) for _ in range(RUNS)]
+    runs: list[Any] = []
     in_flight = 0
-    deadline = time.monotonic() + CUT_FOR
     killer = create_engine(url, isolation_level="AUTOCOMMIT")
     try:
         with killer.connect() as conn:
-            # Cut while the runs go through: their round trips are parked on the loop.
-            while time.monotonic() < deadline:
-                if all(r.status() in ("succeeded", "failed") for r in runs):
+            # A batch of runs, cut while they go through (their round trips parked on
+            # the loop); another batch, at most twice more, while no cut has reached a
+            # transaction in flight (the runs of a batch may all end between two cuts).
+            for _ in range(BATCHES):
+                batch = [client.enqueue("async_chain", STEPS) for _ in range(RUNS)]
+                runs += batch
+                deadline = time.monotonic() + CUT_FOR
+                while time.monotonic() < deadline:
+                    if all(r.status() in ("succeeded", "failed") for r in batch):
+                        break
+                    in_flight += _cut_the_worker_s_connections(conn)
+                    time.sleep(0.05)
+                if in_flight:
                     break
-                in_flight += _cut_the_worker_s_connections(conn)
-                time.sleep(0.05)
     finally:
         killer.dispose()
     assert in_flight > 0, "no cut reached a transaction in flight: the test proved nothing"
