@@ -281,7 +281,12 @@ RUNS = LiveRuns()
 
 
 def _forked() -> None:
-    """A forked child (Celery's prefork pool) keeps none of its parent's greenlets."""
+    """A forked child (Celery's prefork pool) keeps none of its parent's greenlets. Its
+    locks are new: a thread of the parent may have held one at the fork, and that
+    thread is not in the child to let it go."""
+    global _ORPHANS_LOCK
+    _ORPHANS_LOCK = threading.Lock()
+    RUNS._lock = threading.Lock()
     RUNS.clear()
     _ORPHANS.clear()
 

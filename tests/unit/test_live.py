@@ -3,7 +3,9 @@ and the bound on how many a process keeps; with stand-ins for the context and ro
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +13,7 @@ import greenlet
 import pytest
 
 from fleet.errors import StoreUnavailable
+from fleet.worker import live as lives
 from fleet.worker.live import Live, LiveRuns
 from fleet.worker.workflow import PARKED
 
@@ -198,3 +201,44 @@ def test_a_switch_that_is_not_the_workflow_s_is_refused() -> None:
     with pytest.raises(StoreUnavailable, match="switched away from"):
         live.run()
     assert live.glet is None and unwound == ["r"], "dropped and unwound"
+
+
+def test_a_forked_child_does_not_wait_for_a_lock_its_parent_s_thread_held() -> None:
+    """The child of a fork (Celery's prefork pool) drops its parent's parked workflows,
+    one of another thread among them, while a thread of the parent held the orphans'
+    lock: the child must not block on it (fails without new locks in the child)."""
+    other = _parked(0, ("s#1",), 1)
+    other.thread = -1  # another thread's: dropping it takes the orphans' lock
+    other.glet = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch(PARKED))
+    assert other.glet.switch() is PARKED
+    lives.RUNS.keep(other, limit=10)
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lives._ORPHANS_LOCK:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: the fork handlers have run, or it hangs here
+            os._exit(0)
+        deadline = time.monotonic() + 10
+        done, status = 0, None
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert status == 0 and done, "the child blocked on a lock the parent's thread held"
+    finally:
+        release.set()
+        thread.join(10)
+        lives.RUNS.clear()
+        lives._ORPHANS.pop(-1, None)
