@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from fleet import secrets, transcripts
+from fleet.bounds import MAX_DEPTH, check_depth
 from fleet.errors import PayloadError
 
 
@@ -24,7 +25,8 @@ def encode(value: Any, *, what: str, limit: int) -> str:
     """Serialise ``value`` as strict JSON no larger than ``limit`` bytes.
 
     ``what`` names the value in the error ("argument 2 of research", "output of answer#3").
-    A ``Secret`` is recorded by its name only, never its value.
+    A ``Secret`` is recorded by its name only, never its value. A value nested more
+    than ``bounds.MAX_DEPTH`` deep is refused: a worker could not decode it again.
     """
     try:
         text = _dumps(value, what)
@@ -37,6 +39,8 @@ def encode(value: Any, *, what: str, limit: int) -> str:
     size = len(text.encode())
     if size > limit:
         raise PayloadError(f"{what} is {size} bytes, over the {limit}-byte payload limit")
+    if text.count("[") + text.count("{") > MAX_DEPTH:  # else it cannot nest that deep
+        check_depth(value, what)
     return text
 
 
@@ -55,13 +59,22 @@ def decode(text: str | None) -> Any:
 
 
 def parse_json_arg(raw: str, *, what: str) -> Any:
-    """Parse a JSON value given on the command line, naming it in the error."""
+    """Parse a JSON value given on the command line or in a form, naming it in the
+    error: not JSON, an integer of thousands of digits, or nested more than
+    ``bounds.MAX_DEPTH`` deep is a ``PayloadError`` of one line."""
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except json.JSONDecodeError as exc:
+        shown = raw if len(raw) <= 80 else raw[:77] + "..."
         raise PayloadError(
-            f"{what} is not JSON ({exc.msg} at column {exc.colno}): {raw!r}"
+            f"{what} is not JSON ({exc.msg} at column {exc.colno}): {shown!r}"
         ) from None
+    except RecursionError:
+        raise PayloadError(f"{what} nests more than {MAX_DEPTH} levels deep") from None
+    except ValueError as exc:  # int() of thousands of digits
+        raise PayloadError(f"{what} is not JSON fleet can keep: {str(exc).split(';')[0]}") from None
+    check_depth(value, what)
+    return value
 
 
 def _may_hold_dollar_key(text: str) -> bool:

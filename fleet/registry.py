@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet import codec
+from fleet.bounds import INT64
 from fleet.errors import BadInput, UnknownWorkflow
 from fleet.limits import Limit
 from fleet.policy import RetryPolicy
@@ -136,6 +137,10 @@ def check_budget(budget: Mapping[str, Any] | None) -> tuple[int | None, float | 
             raise BadInput(f"budget {key} must be a positive finite number, got {value!r}")
     if tokens is not None and tokens != int(tokens):
         raise BadInput(f"budget tokens must be a whole number, got {tokens!r}")
+    if tokens is not None and tokens > INT64:
+        raise BadInput(f"budget tokens must be at most {INT64}, got {tokens!r}")
+    if cost is not None and cost > 1e15:  # past this a float no longer counts cents
+        raise BadInput(f"budget cost must be at most 1e15, got {cost!r}")
     return (None if tokens is None else int(tokens)), (None if cost is None else float(cost))
 
 
