@@ -13,7 +13,6 @@ on between the two clicks) is the same one-line page, with nothing changed.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -25,10 +24,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from fleet import codec
 from fleet.console.letters import find
 from fleet.console.pages import positive
 from fleet.console.render import Console, Refused, flash_query, page, path, root
-from fleet.errors import BadInput
+from fleet.errors import BadInput, PayloadError
 from fleet.registry import check_name
 from fleet.states import Decision, RunStatus, StepKind, StepStatus
 
@@ -54,13 +54,14 @@ Prepare = Callable[[Console, Form, str], Plan]
 
 
 def _json(text: str, what: str) -> Any:
-    """A JSON value from a form field; empty is null."""
+    """A JSON value from a form field; empty is null. Not JSON, nested past
+    ``bounds.MAX_DEPTH`` or holding a number of thousands of digits: 400."""
     if not text.strip():
         return None
     try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise Refused(400, f"{what} is not valid JSON: {exc}") from None
+        return codec.parse_json_arg(text, what=what)
+    except PayloadError as exc:
+        raise Refused(400, str(exc)) from None
 
 
 def _run(c: Console, run_id: str) -> Any:
