@@ -16,10 +16,11 @@ from fleet.errors import (
     StoreUnavailable,
     UnknownRun,
     UnknownWorkflow,
+    WaitNotOpen,
     WaitTimeout,
 )
 from fleet.policy import RetryPolicy
-from fleet.records import DeadLetterInfo, StepInfo
+from fleet.records import DeadLetterInfo, StepInfo, WaitInfo
 from fleet.secrets import Secret
 from fleet.worker.context import LeaseLost, StepContext
 from fleet.worker.workflow import WorkflowContext
@@ -46,6 +47,8 @@ __all__ = [
     "StoreUnavailable",
     "UnknownRun",
     "UnknownWorkflow",
+    "WaitInfo",
+    "WaitNotOpen",
     "WaitTimeout",
     "WorkflowContext",
 ]

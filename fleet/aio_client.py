@@ -337,6 +337,7 @@ class AsyncClient:
             name: str,
             payload: Any = None,
             *,
+            wait_id: str | None = None,
             by: str | None = None,
             why: str | None = None,
         ) -> None: ...
@@ -374,12 +375,15 @@ class AsyncClient:
         name: str,
         payload: Any = None,
         *,
+        wait_id: str | None = None,
         by: str | None = None,
         why: str | None = None,
     ) -> None:
-        """``signal``, awaited: ``payload`` to the run's ``wf.wait_for(name)`` (audited
-        with ``by``, ``why``)."""
-        await self.off_loop.call(self.signal, run_id, name, payload, by=by, why=why)
+        """``signal``, awaited: ``payload`` to the run's ``wf.wait_for(name)`` (to the one
+        open wait ``wait_id`` if given; audited with ``by``, ``why``)."""
+        await self.off_loop.call(
+            self.signal, run_id, name, payload, wait_id=wait_id, by=by, why=why
+        )
 
     async def acancel(
         self,

@@ -81,6 +81,11 @@ class RunFailed(FleetError):
         self.error = error
 
 
+class WaitNotOpen(BadInput):
+    """``Fleet.signal(..., wait_id=...)`` named a wait that is not open (already
+    answered, timed out, another signal's, or its run ended): nothing was recorded."""
+
+
 class WaitTimeout(FleetError, TimeoutError):
     """``RunHandle.wait`` ran out of time; the run goes on."""
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import RunFailed, UnknownRun, WaitTimeout
-from fleet.records import StepInfo
-from fleet.states import RunStatus, StepKind
+from fleet.records import StepInfo, WaitInfo
+from fleet.states import RunStatus, StepKind, StepStatus
 
 if TYPE_CHECKING:
     from fleet.app import Fleet
@@ -103,6 +103,18 @@ class RunHandle:
             StepInfo(s.step_id, s.name, s.status, s.attempts, s.epoch, s.error)
             for s in self._fleet.runtime.queries.steps(self.id)
             if s.kind == StepKind.TASK
+        ]
+
+    def waits(self) -> list[WaitInfo]:
+        """The run's open ``wait_for`` waits, earliest first: each one's id answers it
+        alone (``Fleet.signal(..., wait_id=id)``); a sleep is not listed."""
+        self._row()
+        return [
+            WaitInfo(s.step_id, s.name.removeprefix("wait:"), s.created_at, s.due_at)
+            for s in self._fleet.runtime.queries.steps(self.id)
+            if s.kind == StepKind.WAIT
+            and s.status == StepStatus.PENDING
+            and s.name.startswith("wait:")
         ]
 
     def usage(self) -> dict[str, Any]:

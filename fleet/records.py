@@ -21,6 +21,18 @@ class StepInfo:
 
 
 @dataclass(frozen=True)
+class WaitInfo:
+    """An open ``wf.wait_for(name)`` of a run (``RunHandle.waits``): ``id`` is what
+    ``Fleet.signal(run_id, name, data, wait_id=id)`` answers, and only that wait.
+    ``since`` and ``timeout_at`` are epoch seconds (``timeout_at`` None: no timeout)."""
+
+    id: str
+    name: str
+    since: float
+    timeout_at: float | None
+
+
+@dataclass(frozen=True)
 class DeadLetterInfo:
     """A dead-lettered step: everything an operator needs to decide what to do."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from fleet.errors import BadInput
+from fleet.errors import BadInput, WaitNotOpen
 from fleet.handle import RunHandle
 from fleet.registry import check_budget, check_name
 from fleet.states import StepKind, StepStatus
@@ -175,16 +175,32 @@ class Steering:
         name: str,
         payload: Any = None,
         *,
+        wait_id: str | None = None,
         by: str | None = None,
         why: str | None = None,
     ) -> None:
         """Send ``payload`` to the run's ``wf.wait_for(name)``: now, or kept until it waits.
         Raises ``UnknownRun``, or ``BadInput`` if the run has ended. ``by``, ``why``:
-        audited, as for ``cancel`` (the payload is the signal's, not the audit's)."""
+        audited, as for ``cancel`` (the payload is the signal's, not the audit's).
+
+        With ``wait_id`` (an id from ``RunHandle.waits()``) the signal answers that open
+        wait and no other, in one conditional write: if it is no longer open (answered
+        already, timed out, the run ended) ``WaitNotOpen`` is raised and nothing is
+        recorded, so a decision sent twice can never be consumed by a later wait."""
         check_name(name, "signal")
-        action = audit.action(by, why, "signal", name)
+        if wait_id is not None and not (isinstance(wait_id, str) and 0 < len(wait_id) <= 300):
+            raise BadInput(f"wait_id={wait_id!r:.80} must be a wait's id from run.waits()")
+        action = audit.action(by, why, "signal", name, wait=wait_id)
         row = self.run(run_id)._row()
         text = self.runtime.payloads.dump(payload, what=f"payload of signal {name}")
+        if wait_id is not None:
+            if not self.runtime.ledger.answer_wait(run_id, wait_id, name, text, action):
+                raise WaitNotOpen(
+                    f"run {run_id} has no open wait {wait_id!r} on signal {name!r}: "
+                    "it was answered, timed out or ended; nothing was sent"
+                )
+            self.runtime.dispatcher.advance(run_id, row.queue)
+            return
         if self.runtime.ledger.add_signal(run_id, name, text, action) is None:
             status = (self.runtime.queries.run(run_id) or row).status
             raise BadInput(f"run {run_id} is {status}: a signal can only go to a live run")

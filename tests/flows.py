@@ -243,6 +243,15 @@ def approval(wf: WorkflowContext, timeout: float | None = None) -> dict[str, Any
 
 
 @fleet.workflow(version="1")
+def two_gates(wf: WorkflowContext) -> list[Any]:
+    """Two approval gates, one after the other: each decision must answer its own."""
+    first = wf.wait_for("approval")
+    wf.step(work, 1)
+    second = wf.wait_for("approval")
+    return [first, second]
+
+
+@fleet.workflow(version="1")
 def inbox(wf: WorkflowContext, n: int) -> list[Any]:
     """Consume n signals named "msg", in order; a slow step first, so signals can
     arrive before the first wait."""

@@ -28,9 +28,9 @@ from fleet import codec
 from fleet.console.letters import find
 from fleet.console.pages import positive
 from fleet.console.render import Console, Refused, flash_query, page, path, root
-from fleet.errors import BadInput, PayloadError
+from fleet.errors import BadInput, PayloadError, WaitNotOpen
 from fleet.registry import check_name
-from fleet.states import Decision, RunStatus, StepKind, StepStatus
+from fleet.states import Decision, RunStatus, StepStatus
 
 log = logging.getLogger("fleet.console")
 
@@ -107,30 +107,35 @@ def prepare_signal(c: Console, form: Form, user: str) -> Plan:
     return Plan(f"Send signal {name!r} to run {run_id}?", act, _back(run_id))
 
 
-def _waits_on(c: Console, run: Any, name: str) -> bool:
-    if run.status != RunStatus.WAITING:
-        return False
-    return any(
-        s.kind == StepKind.WAIT and s.name == f"wait:{name}" and s.finished_at is None
-        for s in c.fleet.runtime.queries.steps(run.id)
-    )
-
-
 def prepare_decide(c: Console, form: Form, user: str) -> Plan:
+    """An approval answers the one wait its form names (``wait_id``): the check and the
+    signal are one conditional write (``Fleet.signal(..., wait_id=)``), so a second
+    confirmation of the same decision is refused (409) with nothing written, and can
+    never be consumed by the run's next wait (invariant 14)."""
     run_id, name = form.get("run_id", ""), form.get("name", "")
+    wait_id = form.get("wait_id", "")
     decision, comment = form.get("decision", ""), form.get("comment", "")
     if decision not in ("approve", "reject"):
         raise Refused(400, f"decision must be approve or reject, got {decision!r}")
     check_name(name, "signal")
+    if not wait_id:
+        raise Refused(400, "this form names no wait: reload the page and decide again")
     run = _run(c, run_id)
-    if not _waits_on(c, run, name):
-        raise Refused(409, f"run {run_id} is not waiting on {name!r} (it is {run.status})")
+    if not any(w.id == wait_id and w.name == name for w in c.fleet.run(run_id).waits()):
+        raise Refused(
+            409, f"run {run_id} has no open wait {wait_id!r} on {name!r} (it is {run.status})"
+        )
     payload = {"approved": decision == "approve", "by": user, "comment": comment}
 
     def act(why: str) -> str:
-        if not _waits_on(c, _run(c, run_id), name):
-            raise Refused(409, f"run {run_id} is no longer waiting on {name!r}")
-        c.fleet.signal(run_id, name, payload, by=user, why=comment or why)
+        try:
+            c.fleet.signal(run_id, name, payload, wait_id=wait_id, by=user, why=comment or why)
+        except WaitNotOpen:
+            raise Refused(
+                409,
+                f"wait {wait_id!r} of run {run_id} was already answered or is closed: "
+                "nothing was sent",
+            ) from None
         return f"{'approved' if decision == 'approve' else 'rejected'} run {run_id}"
 
     verb = "Approve" if decision == "approve" else "Reject"

@@ -148,7 +148,10 @@ def show(c: Console, request: Request) -> Response:
         run=context["run"],
         finished=context["finished"],
         in_doubt=[v.row.step_id for v in steps if v.row.status == StepStatus.IN_DOUBT],
-        wait_names=[v.wait_name for v in context["waits"] if v.row.name.startswith("wait:")],
+        # (wait id, signal name): a decision answers that one wait (invariant 14).
+        open_waits=[
+            (v.row.step_id, v.wait_name) for v in context["waits"] if v.row.name.startswith("wait:")
+        ],
         letters=context["letters"],
         events="/events/run?" + urlencode({"id": run_id}),
     )

@@ -20,7 +20,7 @@ from fleet import codec
 from fleet.app import Fleet
 from fleet.errors import BadInput
 from fleet.ops.cli_common import AppOpt, actor, console, err, guard, open_fleet, say
-from fleet.ops.render import as_json, clip, one_line, run_view, runs_table
+from fleet.ops.render import as_json, clip, one_line, open_waits, run_view, runs_table
 from fleet.states import RunStatus, StepKind, StepStatus
 from fleet.worker import gate
 
@@ -137,6 +137,7 @@ def _status_document(
             for s in steps
             if s.kind == StepKind.TASK
         ],
+        "waits": open_waits(run.id, steps),
         "parent": run.parent_id,
         "children": [
             {"id": c.id, "parent": c.parent_id, "workflow": c.workflow, "status": c.status}
@@ -202,14 +203,22 @@ def signal_(
     run_id: str,
     name: str,
     data: Annotated[str | None, typer.Option(help="the payload, as JSON")] = None,
+    wait_id: Annotated[
+        str | None,
+        typer.Option(
+            "--wait-id",
+            help="answer this open wait only (its id from `fleet status`), or send nothing",
+        ),
+    ] = None,
     app_: AppOpt = None,
 ) -> None:
     """Send a signal to a run's wait_for(NAME): now, or kept until it waits."""
 
     def body() -> None:
         payload = None if data is None else codec.parse_json_arg(data, what="--data")
-        open_fleet(app_).signal(run_id, name, payload, by=actor())
-        say(f"signal {name!r} sent to run {run_id}")
+        open_fleet(app_).signal(run_id, name, payload, wait_id=wait_id, by=actor())
+        to = f"wait {wait_id} of run {run_id}" if wait_id else f"run {run_id}"
+        say(f"signal {name!r} sent to {to}")
 
     guard(body)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -145,6 +146,9 @@ def run_view(
         parts.append(children_tree(run, children))
     if intents:
         parts.append(intents_table(intents))
+    waits = open_waits(run.id, steps)
+    if waits:
+        parts.append(waits_table(waits))
     in_doubt = [s.step_id for s in steps if s.status == StepStatus.IN_DOUBT]
     for step_id, (limit, why) in sorted((limited or {}).items()):
         parts.append(plain(f"step {step_id} is waiting on limit {limit} ({why})", style="yellow"))
@@ -218,6 +222,49 @@ def _spend_line(run: Any, usage: dict[str, Any]) -> str:
     return f"{spend(usage)} in {usage['calls']} model call(s)" + (
         f" (budget {budget})" if budget else ""
     )
+
+
+def open_waits(run_id: str, steps: Sequence[Any]) -> list[dict[str, Any]]:
+    """The run's open waits, earliest first: a ``wait_for`` (its signal, since when,
+    its timeout, and the command that answers it, that wait and no other) or a sleep
+    (until when: nothing to send, any worker wakes it)."""
+    found = []
+    for s in steps:
+        if s.kind != StepKind.WAIT or s.status != StepStatus.PENDING:
+            continue
+        name = s.name.removeprefix("wait:") if s.name.startswith("wait:") else None
+        answer = None
+        if name is not None:
+            answer = (
+                f"fleet signal {shlex.quote(run_id)} {shlex.quote(name)} "
+                f"--wait-id {shlex.quote(s.step_id)} --data JSON"
+            )
+        found.append(
+            {
+                "id": s.step_id,
+                "signal": name,
+                "since": s.created_at,
+                "timeout_at": s.due_at,
+                "answer": answer,
+            }
+        )
+    return found
+
+
+def waits_table(waits: Sequence[dict[str, Any]]) -> Table:
+    table = Table(title="open waits")
+    for col in ("wait", "for", "since", "times out", "answer with"):
+        table.add_column(col)
+    for w in waits:
+        due = w["timeout_at"]
+        table.add_row(
+            plain(w["id"]),
+            plain(f"signal {w['signal']!r}" if w["signal"] is not None else "its time"),
+            ago(w["since"]),
+            "never" if due is None else _stamp(due),
+            plain(w["answer"] or "nothing: the sweeper wakes it when the time comes"),
+        )
+    return table
 
 
 def intents_table(intents: Sequence[Any]) -> Table:

@@ -82,6 +82,7 @@ class WaitRow:
     name: str
     since: float
     timeout_at: float | None
+    wait_id: str = ""  # the wait's step id: a decision answers this wait only
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ class Browse:
                 steps.c.name,
                 steps.c.created_at,
                 steps.c.due_at,
+                steps.c.step_id,
             )
             .select_from(runs.join(steps, steps.c.run_id == runs.c.id))
             .where(
@@ -251,8 +253,8 @@ class Browse:
         with self._begin() as conn:
             found = conn.execute(stmt).all()
         return [
-            WaitRow(rid, wf, tenant, name[len("wait:") :], since, due)
-            for rid, wf, tenant, name, since, due in found
+            WaitRow(rid, wf, tenant, name[len("wait:") :], since, due, wait_id)
+            for rid, wf, tenant, name, since, due, wait_id in found
         ]
 
     def in_doubt(self, run_id: str) -> list[str]:

@@ -250,6 +250,34 @@ class Ledger(Family):
                 self._audit(conn, action, run_id)
             return None if row is None else int(row[0])
 
+    def answer_wait(
+        self,
+        run_id: str,
+        wait_id: str,
+        name: str,
+        payload: str,
+        action: audit.Action | None = None,
+    ) -> bool:
+        """answer_wait (deliver_signal, addressed): the signal settles the open wait
+        ``wait_id`` of a live run, a ``wait_for(name)``, or nothing is written (False).
+        The wait's pending → done decides, so of two submissions of one decision exactly
+        one applies; the signal is kept as consumed by that wait, never left for a later
+        one (invariant 14)."""
+        params = {
+            "b_run": run_id,
+            "b_step": wait_id,
+            "b_name": name,
+            "b_wait_name": f"wait:{name}",
+            "b_payload": payload,
+        }
+        with self.db.begin(self.tx) as conn:
+            if conn.execute(sql.ANSWER_WAIT, params).rowcount != 1:
+                return False  # not an open wait for that signal (answered, timed out, ended)
+            conn.execute(sql.KEEP_ANSWER, params)
+            self._wake(conn, run_id)
+            self._audit(conn, action, run_id)
+            return True
+
     def deliver_signals(self, run_id: str) -> int:
         """deliver_signal: hand each pending wait of the run the oldest unconsumed signal
         of its name, earliest wait first, so two signals of one name are consumed in

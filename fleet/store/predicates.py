@@ -32,7 +32,9 @@ OUTCOME = bindparam("b_outcome", type_=String)
 ERROR = bindparam("b_error", type_=String)
 ATTEMPT = bindparam("b_attempt", type_=Integer)
 NAME = bindparam("b_name", type_=String)
+WAIT_NAME = bindparam("b_wait_name", type_=String)  # a wait step's name, "wait:<signal>"
 PAYLOAD = bindparam("b_payload", type_=String)
+SIGNAL = bindparam("b_signal", type_=Integer)
 DELAY = bindparam("b_delay", type_=Float)  # seconds from now
 LIMIT = bindparam("b_limit", type_=Integer)
 

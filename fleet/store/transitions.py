@@ -42,7 +42,9 @@ from fleet.store.predicates import (
     PAYLOAD,
     RUN,
     SEQ,
+    SIGNAL,
     STEP,
+    WAIT_NAME,
     held,
     now,
     run_is,
@@ -398,7 +400,6 @@ OLDEST_SIGNAL = (
     .order_by(signals.c.id)
     .limit(1)
 )
-SIGNAL = bindparam("b_signal", type_=Integer)
 CONSUME_SIGNAL = (
     _update(signals)
     .where(signals.c.id == SIGNAL, signals.c.consumed_at.is_(None))
@@ -408,6 +409,11 @@ DELIVER_SIGNAL = (
     _move("deliver_signal")
     .where(step_is(RUN, STEP), steps.c.kind == StepKind.WAIT)
     .values(output=PAYLOAD, finished_at=now())
+)
+# answer_wait: deliver_signal to one named wait of a live run; its signal kept, consumed
+ANSWER_WAIT = DELIVER_SIGNAL.where(steps.c.name == WAIT_NAME, run_is(RUN, *_LIVE_RUN))
+KEEP_ANSWER = insert(signals).values(
+    run_id=RUN, name=NAME, payload=PAYLOAD, created_at=now(), consumed_by=STEP, consumed_at=now()
 )
 
 # --- fire_due_wait: wait pending → done (null), its due time reached, run live --------

@@ -11,6 +11,8 @@ from tests.console.conftest import Web, error_line
 from tests.console.dom import parse
 from tests.harness import Cluster, InlineBroker, poll
 
+GATE = "wait:approval#1"  # the approval flow's one wait
+
 
 def _audit(client: Fleet, run_id: str) -> list[tuple[str, str, str | None]]:
     from fleet.store.browse import Browse
@@ -60,9 +62,15 @@ def test_refusals_are_one_line_and_change_nothing(
         ("cancel", {"run_id": ""}, 400, "no run id given"),
         (
             "decide",
-            {"run_id": "ended", "name": "approval", "decision": "approve"},
+            {"run_id": "ended", "name": "approval", "decision": "approve", "wait_id": GATE},
             409,
-            "run ended is not waiting on 'approval' (it is succeeded)",
+            "run ended has no open wait 'wait:approval#1' on 'approval' (it is succeeded)",
+        ),
+        (
+            "decide",
+            {"run_id": "live", "name": "approval", "decision": "approve"},
+            400,
+            "this form names no wait: reload the page",
         ),
         (
             "decide",
@@ -72,9 +80,9 @@ def test_refusals_are_one_line_and_change_nothing(
         ),
         (
             "decide",
-            {"run_id": "live", "name": "other", "decision": "approve"},
+            {"run_id": "live", "name": "other", "decision": "approve", "wait_id": GATE},
             409,
-            "run live is not waiting on 'other' (it is waiting)",
+            "run live has no open wait 'wait:approval#1' on 'other' (it is waiting)",
         ),
         (
             "signal",
@@ -167,16 +175,17 @@ def test_approve_from_the_inbox_in_two_clicks(
     decision = {"approved": True, "by": "ada", "comment": "looks right"}
     assert client.run("a<1>").wait(timeout=10) == {"decision": decision}
     assert _audit(client, "a<1>") == [("ada", "signal", "looks right")]
-    again = web.post("decide", run_id="a<1>", name="approval", decision="approve")
+    again = web.post("decide", run_id="a<1>", name="approval", decision="approve", wait_id=GATE)
     assert again.status_code == 409
-    assert "is not waiting on 'approval'" in error_line(again)
+    assert "has no open wait 'wait:approval#1' on 'approval'" in error_line(again)
+    assert _audit(client, "a<1>") == [("ada", "signal", "looks right")], "nothing more written"
 
 
 def test_reject_and_signal_send_the_payload(web: Web, client: Fleet, inline: InlineBroker) -> None:
     client.enqueue("approval", run_id="r1")
     client.enqueue("inbox", 1, run_id="sig1")
     inline.drain()
-    web.act("decide", run_id="r1", name="approval", decision="reject", comment="no")
+    web.act("decide", run_id="r1", name="approval", decision="reject", comment="no", wait_id=GATE)
     web.act("signal", run_id="sig1", name="msg", data='{"x": [1, "<b>"]}', why="testing")
     inline.drain()
     assert client.run("r1").wait(timeout=10) == {

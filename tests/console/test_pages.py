@@ -174,6 +174,7 @@ def test_inbox_lists_runs_waiting_on_a_signal(
     form = row.one("form", class_="decide")
     assert form.one("input", name="run_id").get("value") == HOSTILE_ID
     assert form.one("input", name="name").get("value") == "approval"
+    assert form.one("input", name="wait_id").get("value") == "wait:approval#1"
     assert form.one("input", name="csrf").get("value") == web.csrf
     assert form.has("textarea", name="comment")
     assert form.has("button", name="decision", value="approve")
