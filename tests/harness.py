@@ -51,6 +51,27 @@ def wait_until(check: Callable[[], T], timeout: float, what: str, interval: floa
         time.sleep(interval)
 
 
+def together(n: int, call: Callable[[], T], timeout: float = 60) -> list[T | Exception]:
+    """``call`` from ``n`` threads released at once (a race, on purpose): each call's
+    result, or the ``Exception`` it raised, in the order they finished."""
+    results: list[T | Exception] = []
+    start = threading.Barrier(n)
+
+    def one() -> None:
+        start.wait(timeout=timeout)
+        try:
+            results.append(call())
+        except Exception as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    return results
+
+
 def poll(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
     """``wait_until``, failing the test at the deadline."""
     try:

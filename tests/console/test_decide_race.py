@@ -5,34 +5,22 @@ written, and the run's next approval gate is never passed by a copy."""
 
 from __future__ import annotations
 
-import threading
+import functools
 
 import httpx
 
 from fleet import Fleet
 from tests.browser.conftest import PASSWORD, USER, start_console
 from tests.console.dom import parse
-from tests.harness import Backend, Cluster
+from tests.harness import Backend, Cluster, together
 from tests.integration.test_one_decision import _at_gate, _kept_signals
 
 COPIES = 4
 
 
-def _post_together(url: str, fields: dict[str, str]) -> list[httpx.Response]:
-    responses: list[httpx.Response] = []
-    start = threading.Barrier(COPIES)
-
-    def post() -> None:
-        with httpx.Client(auth=(USER, PASSWORD), timeout=30) as http:
-            start.wait(timeout=30)
-            responses.append(http.post(url, data=fields, follow_redirects=False))
-
-    threads = [threading.Thread(target=post) for _ in range(COPIES)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return responses
+def _post(url: str, fields: dict[str, str]) -> httpx.Response:
+    with httpx.Client(auth=(USER, PASSWORD), timeout=30) as http:
+        return http.post(url, data=fields, follow_redirects=False)
 
 
 def test_a_double_submitted_approval_passes_one_gate_only(
@@ -49,7 +37,9 @@ def test_a_double_submitted_approval_passes_one_gate_only(
         assert fields["wait_id"] == "wait:approval#1"
         fields.update(decision="approve", comment="ok", confirm="yes", why="ok")
 
-        responses = _post_together(console.url("actions/decide"), fields)
+        posted = together(COPIES, functools.partial(_post, console.url("actions/decide"), fields))
+        responses = [r for r in posted if isinstance(r, httpx.Response)]
+        assert len(responses) == COPIES, posted
         codes = sorted(r.status_code for r in responses)
         assert codes == [303] + [409] * (COPIES - 1), [
             (r.status_code, r.text[:300]) for r in responses

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import json
-import threading
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from fleet import Fleet, WaitNotOpen
 from fleet.states import StepStatus
 from tests.e2e.test_cli import fleet_cli, one_line_error
-from tests.harness import Backend, Cluster, poll
+from tests.harness import Backend, Cluster, poll, together
 
 APPROVE = {"approved": True}
 
@@ -74,27 +73,6 @@ def test_a_decision_sent_twice_answers_its_wait_and_never_the_next(
         client.signal(run.id, "approval", APPROVE, wait_id="wait:approval#2")
 
 
-def _race(n: int, submit: Any) -> list[str]:
-    """``submit`` from ``n`` threads released together: "sent" or "refused" each."""
-    outcomes: list[str] = []
-    start = threading.Barrier(n)
-
-    def one() -> None:
-        start.wait(timeout=30)
-        try:
-            submit()
-            outcomes.append("sent")
-        except WaitNotOpen:
-            outcomes.append("refused")
-
-    threads = [threading.Thread(target=one) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return outcomes
-
-
 def test_concurrent_copies_of_one_decision_land_exactly_once(
     backend: Backend, client: Fleet, cluster: Cluster
 ) -> None:
@@ -107,7 +85,10 @@ def test_concurrent_copies_of_one_decision_land_exactly_once(
         decide = functools.partial(
             client.signal, run.id, "approval", APPROVE, wait_id="wait:approval#1", by="ada"
         )
-        outcomes = _race(6, decide)
+        outcomes = [
+            "refused" if isinstance(r, WaitNotOpen) else "sent" if r is None else repr(r)
+            for r in together(6, decide)
+        ]
         assert sorted(outcomes) == ["refused"] * 5 + ["sent"], outcomes
         _at_gate(client, run.id, "wait:approval#2")
         assert _kept_signals(client, run.id) == [("approval", "wait:approval#1")]
