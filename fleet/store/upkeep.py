@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import BindParameter
 
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind
-from fleet.store import derived, driver, pruning
+from fleet.store import derived, driver, pruning, totals
 from fleet.store import transitions as sql
 from fleet.store.engine import Database, Transaction
 from fleet.store.predicates import EPOCH, GRACE, LIMIT, RUN, STEP, now, run_is, step_is, takeable
@@ -353,9 +353,10 @@ class Upkeep(LedgerBase):
         intents, signals, dead letters, incidents, messages. In one transaction that
         first locks (Postgres) every run of the trees, then reads them again: a tree with
         a run that changed since it was listed (a dead letter replayed: failed → running),
-        or that another transaction holds, is left whole. The run rows' own DELETE
-        re-checks the rule once more; a miss undoes the batch. Returns the rows deleted
-        per table (``runs``, ``steps``…)."""
+        or that another transaction holds, is left whole. What the metrics count of the
+        rows deleted is added to the kept totals (``totals.add_pruned``) in the same
+        transaction. The run rows' own DELETE re-checks the rule once more; a miss undoes
+        the batch, totals too. Returns the rows deleted per table (``runs``, ``steps``…)."""
         with self.db.begin(self.tx) as conn:
             params = {"b_roots": list(roots), "b_cutoff": cutoff}
             locked = set(conn.execute(PRUNE_LOCK, params).scalars())
@@ -366,6 +367,7 @@ class Upkeep(LedgerBase):
             if not ids:
                 return {}
             batch = conn.begin_nested()
+            totals.add_pruned(conn, ids)  # before the rows it counts go
             counts = {
                 name: conn.execute(stmt, {"b_ids": ids}).rowcount
                 for name, stmt in PRUNE_CHILDREN.items()

@@ -9,7 +9,8 @@ run with a dead letter not yet replayed (replaying it resumes the run). With its
 their steps, attempts, intents, signals, dead letters, incidents and messages, and then
 the blobs nothing references any more. A live run, every run of its tree, and every row
 of theirs, are never touched: its children, their spend (which its budget counts) and
-its ``fleet status`` stay.
+its ``fleet status`` stay. What the metrics counted of the deleted rows is kept as
+totals (``fleet/store/totals.py``), so no counter goes back.
 
 Batches, not one statement: each batch of whole trees (``batch`` runs, or one larger
 tree alone) is one short transaction (the ledger's ``prune_trees``), so a running
