@@ -679,6 +679,38 @@ def mixed(wf: WorkflowContext) -> list[Any]:
     return wf.parallel(wf.call(other, 2), wf.call(kid, 3, key="sub"))
 
 
+# --- trees of runs under retention (issue 48, item 2) ----------------------------------
+
+
+@fleet.workflow(version="1")
+def scout_then_wait(wf: WorkflowContext) -> list[int]:
+    """A child (``kid`` 91: 101 tokens), a wait for "go", then two ``work`` 91 steps
+    (101 tokens each): under a budget of 150 tokens, the first starts (101 spent, the
+    child's) and the second does not (202)."""
+    got = [int(wf.child(kid, 91, key="scout"))]
+    wf.wait_for("go")
+    return got + [int(wf.step(work, 91)["value"]) for _ in range(2)]
+
+
+@fleet.workflow(version="1")
+def lineage(wf: WorkflowContext, depth: int, detached_at: int = -1) -> int:
+    """A chain of runs ``depth`` children deep below this one, each a ``lineage`` one
+    shallower, the last a ``work`` step; the child at ``detached_at`` is detached."""
+    if depth <= 0:
+        return int(wf.step(work, 1)["value"])
+    child = wf.start_child(
+        lineage, depth - 1, detached_at, key="heir", detached=depth == detached_at
+    )
+    return int(child.result()) + 1
+
+
+@fleet.workflow(version="1")
+def abandoner(wf: WorkflowContext) -> str:
+    """Starts a detached child that waits for "go", and ends without waiting for it."""
+    wf.start_child(awaiting_kid, 2, True, key="stray", detached=True)
+    return "left"
+
+
 # --- fan-out scaling (brief F) --------------------------------------------------------
 
 

@@ -3,6 +3,10 @@
 Everything that must be fleet-wide (fenced writes, duplicate deliveries, takeovers,
 steps by outcome) is read from the store at scrape time, so one exporter gives the
 right numbers however many workers run; queue depth is read from the broker.
+
+The counters (``_total``, and the duration histogram) never go back: the store's
+figures add what retention kept of the rows it deleted (fleet/store/totals.py), and a
+label set once reported stays.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from prometheus_client.registry import Collector
 
 from fleet.app import Fleet
 from fleet.states import Incident, RunStatus
+from fleet.store.totals import DURATION_BUCKETS
 from fleet.worker import dispatch
 from fleet.worker.gate import uses
 
 log = logging.getLogger("fleet.metrics")
 
-BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+BUCKETS = DURATION_BUCKETS  # the bounds retention keeps pruned attempts' durations in
 
 
 class FleetCollector(Collector):

@@ -1,7 +1,7 @@
-"""What retention may delete, as SQL: the rule for a prunable run, the rows that belong
-to it, and the blobs they reference. Reads only; the deletes are the ledger's
-(``Ledger.prune_runs`` and ``Ledger.prune_blobs``), which re-check these conditions in
-their own statements.
+"""What retention may delete, as SQL: the rule for a prunable tree of runs, the rows
+that belong to it, and the blobs they reference. Reads only; the deletes are the
+ledger's (``Ledger.prune_trees`` and ``Ledger.prune_blobs``), which re-check these
+conditions in their own transaction.
 
 Blobs are collected by a walk over fleet_blobs, not from the rows a prune deleted: a
 blob nothing references and not stored for ``grace`` seconds goes, whichever run (or
@@ -11,16 +11,25 @@ A run is prunable when it has finished (succeeded, failed or cancelled) before t
 cutoff, unless it failed with a dead letter not yet replayed: replaying that letter
 resumes the run, so it is still actionable and is kept (``fleet dlq list`` shows it). A
 succeeded or cancelled run's outstanding dead letters cannot be replayed and go with it.
+
+Runs go by tree, never one by one (DESIGN invariant 15: retention never changes a live
+run's story). A tree is a root (a run with no parent, or whose parent is gone) and every
+descendant through ``parent_id``, attached or detached, at any depth; it goes only when
+every run of it is prunable, and then whole, in one transaction. So a live run keeps
+every child it has had (its spend, which its budget counts, and its ``fleet status``),
+and no run is left pointing at a deleted parent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, exists, func, literal, not_, or_, select
+from sqlalchemy import and_, case, exists, func, literal, not_, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import CTE
 
 from fleet.states import RunStatus
 from fleet.store.engine import Database, db_now
@@ -82,6 +91,88 @@ def prunable(cutoff: float | ColumnElement[float]) -> Any:
     )
 
 
+def is_root() -> Any:
+    """The run (``fleet_runs`` in the enclosing query) tops its tree: it has no parent,
+    or its parent row is gone (pruned alone, before trees were)."""
+    parent = runs.alias("parent")
+    return or_(runs.c.parent_id.is_(None), not_(exists().where(parent.c.id == runs.c.parent_id)))
+
+
+def family(roots: Sequence[str] | Any, cutoff: float | ColumnElement[float]) -> CTE:
+    """Every run of the trees of ``roots``: (root, id, live), ``live`` 1 for a run not
+    prunable at ``cutoff`` (its whole tree stays), else 0. Walked down ``parent_id``
+    (indexed) from the roots: a tree is found in a few index reads per run of it. A
+    root's parent is null or gone, so no cycle is reachable from one."""
+    live = case((prunable(cutoff), 0), else_=1)
+    top = (
+        select(runs.c.id.label("root"), runs.c.id.label("id"), live.label("live"))
+        .where(runs.c.id.in_(roots))
+        .cte("family", recursive=True)
+    )
+    below = select(top.c.root, runs.c.id, live).where(runs.c.parent_id == top.c.id)
+    return top.union_all(below)
+
+
+def tree_sizes(
+    conn: Connection, roots: Sequence[str], cutoff: float | ColumnElement[float]
+) -> dict[str, tuple[int, int]]:
+    """Per root of ``roots``: (runs in its tree, runs of it not prunable at ``cutoff``)."""
+    if not roots:
+        return {}
+    tree = family(list(roots), cutoff)
+    stmt = select(tree.c.root, func.count(), func.sum(tree.c.live)).group_by(tree.c.root)
+    return {root: (int(n), int(live or 0)) for root, n, live in conn.execute(stmt).all()}
+
+
+def tree_members(
+    conn: Connection, roots: Sequence[str], cutoff: float | ColumnElement[float]
+) -> dict[str, list[tuple[str, int]]]:
+    """Per root of ``roots``: each run of its tree, with its ``live`` flag (``family``)."""
+    if not roots:
+        return {}
+    tree = family(list(roots), cutoff)
+    found: dict[str, list[tuple[str, int]]] = {}
+    for root, run_id, live in conn.execute(select(tree.c.root, tree.c.id, tree.c.live)).all():
+        found.setdefault(root, []).append((run_id, int(live)))
+    return found
+
+
+@dataclass(frozen=True)
+class Trees:
+    """A batch of whole trees to prune: their roots and how many runs they hold, and
+    the cursor to list the next batch from (None: every root has been looked at)."""
+
+    roots: list[str]
+    runs: int
+    after: str | None
+
+
+def next_trees(conn: Connection, cutoff: float, after: str, limit: int) -> Trees:
+    """The next batch of prunable trees whose roots' ids are greater than ``after``, in
+    id order: whole trees of together at most ``limit`` runs (a tree larger than that
+    alone). A root is listed only if it is prunable itself; its tree is taken only if
+    every run of it is. The cursor walks the roots once, whatever is kept."""
+    stmt = (
+        select(runs.c.id)
+        .where(prunable(cutoff), is_root(), runs.c.id > after)
+        .order_by(runs.c.id)
+        .limit(limit)
+    )
+    listed = list(conn.execute(stmt).scalars())
+    sizes = tree_sizes(conn, listed, cutoff)
+    roots: list[str] = []
+    total = 0
+    for root in listed:
+        size, live = sizes.get(root, (0, 1))  # not found: gone since it was listed
+        if not live:
+            if roots and total + size > limit:
+                return Trees(roots, total, after)  # this root heads the next batch
+            roots.append(root)
+            total += size
+        after = root
+    return Trees(roots, total, after if len(listed) == limit else None)
+
+
 def blob_reference() -> Any:
     """``'blob:' || fleet_blobs.digest``: how a row refers to the blob of the outer query."""
     return literal(BLOB_PREFIX) + blobs.c.digest
@@ -138,22 +229,18 @@ class PruneReads:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def prunable_runs(self, cutoff: float, after: str, limit: int) -> list[str]:
-        """Up to ``limit`` prunable run ids greater than ``after``, in id order (a cursor
-        that walks the table once, whatever is kept)."""
-        with self.db.begin() as conn:
-            stmt = (
-                select(runs.c.id)
-                .where(prunable(cutoff), runs.c.id > after)
-                .order_by(runs.c.id)
-                .limit(limit)
-            )
-            return list(conn.execute(stmt).scalars())
+    def prunable_trees(self, cutoff: float, after: str, limit: int) -> Trees:
+        """The next batch of whole prunable trees after root ``after`` (``next_trees``)."""
+        with self.db.begin(read=True) as conn:
+            return next_trees(conn, cutoff, after, limit)
 
-    def child_counts(self, run_ids: Sequence[str]) -> dict[str, int]:
-        """A dry run's batch: how many rows of each child table belong to these runs."""
-        with self.db.begin() as conn:
-            return child_counts(conn, run_ids)
+    def tree_counts(self, roots: Sequence[str], cutoff: float) -> dict[str, int]:
+        """A dry run's batch: how many runs, and rows of each child table, the trees of
+        ``roots`` hold (what ``Ledger.prune_trees`` would delete)."""
+        with self.db.begin(read=True) as conn:
+            members = tree_members(conn, roots, cutoff)
+            ids = [run_id for tree in members.values() for run_id, _ in tree]
+            return {"runs": len(ids), **child_counts(conn, ids)}
 
     def blobs_freed(self, after: str, limit: int, grace: float, cutoff: float) -> tuple[int, str]:
         """A dry run's ``Ledger.prune_blobs``: of the next ``limit`` blobs after digest

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from fleet.records import DeadMessageInfo
 from fleet.states import IntentOutcome, RunStatus, StepKind, StepStatus
-from fleet.store import driver
+from fleet.store import driver, totals
 from fleet.store import messages as transcripts
 from fleet.store.engine import Database, Transaction, after_commit, db_now
 from fleet.store.message_cache import Recorded
@@ -77,17 +77,6 @@ _WAITS_OPEN = select(func.count()).where(
     runs.c.id == steps.c.run_id,
     runs.c.status.in_([RunStatus.RUNNING, RunStatus.WAITING]),
 )
-_SPEND = (
-    select(
-        runs.c.workflow,
-        attempts.c.model,
-        func.sum(attempts.c.input_tokens),
-        func.sum(attempts.c.output_tokens),
-        func.sum(attempts.c.cost),
-    )
-    .where(runs.c.id == attempts.c.run_id)
-    .group_by(runs.c.workflow, attempts.c.model)
-)
 _LIVE_QUEUES = (
     select(runs.c.queue)
     .where(runs.c.status.in_([RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING]))
@@ -99,16 +88,6 @@ def _counts(conn: Connection, column: Any) -> dict[str, int]:
     """Rows of ``column``'s table by its value."""
     rows = conn.execute(select(column, func.count()).group_by(column)).all()
     return {str(value): int(n) for value, n in rows}
-
-
-def _durations(buckets: Sequence[float]) -> Any:
-    """Finished attempts: how many took at most each bucket, how many, their sum."""
-    duration = attempts.c.finished_at - attempts.c.started_at
-    return select(
-        *[func.coalesce(func.sum(case((duration <= b, 1), else_=0)), 0) for b in buckets],
-        func.count(),
-        func.coalesce(func.sum(duration), 0.0),
-    ).where(attempts.c.finished_at.is_not(None))
 
 
 class Queries:
@@ -360,13 +339,21 @@ class Queries:
         with self.db.begin(self.tx, read=True) as conn:
             return conn.execute(select(blobs.c.body).where(blobs.c.digest == digest)).scalar()
 
-    def figures(self, buckets: Sequence[float]) -> Figures:
+    def figures(self, buckets: Sequence[float] = totals.DURATION_BUCKETS) -> Figures:
         """Fleet-wide figures for the metrics endpoint, all from the store, so they are
-        right however many workers there are."""
+        right however many workers there are. The counts (attempts, incidents, dead
+        letters, durations, spend) are the rows' plus what retention kept of the rows it
+        deleted (fleet/store/totals.py), so they never go back; a bucket bound outside
+        ``totals.DURATION_BUCKETS`` counts live rows only."""
         with self.db.begin(self.tx, read=True) as conn:
             dead_total, dead_open = conn.execute(_DEAD_LETTERS).one()
-            hist = conn.execute(_durations(buckets)).one()
-            return Figures(
+            hist = conn.execute(totals.durations(buckets)).one()
+            kept = totals.pruned(conn)
+            spend = {
+                (w, m or ""): (int(i or 0), int(o or 0), float(c or 0.0))
+                for w, m, i, o, c in conn.execute(totals.spend()).all()
+            }
+            figures = Figures(
                 runs=_counts(conn, runs.c.status),
                 attempts=_counts(conn, attempts.c.outcome),
                 incidents=_counts(conn, incidents.c.kind),
@@ -376,12 +363,10 @@ class Queries:
                 duration_buckets=[int(v) for v in hist[: len(buckets)]],
                 duration_count=int(hist[len(buckets)]),
                 duration_sum=float(hist[len(buckets) + 1]),
-                spend=[
-                    (w, m or "", int(i or 0), int(o or 0), float(c or 0.0))
-                    for w, m, i, o, c in conn.execute(_SPEND).all()
-                ],
+                spend=[],
                 live_queues=list(conn.execute(_LIVE_QUEUES).scalars().all()),
             )
+        return totals.with_pruned(figures, buckets, spend, kept)
 
     def now(self) -> float:
         with self.db.begin(self.tx, read=True) as conn:

@@ -368,6 +368,19 @@ class LimitWait(SQLModel, table=True):
     tenant: str = Field(default="-", max_length=200)
 
 
+class PrunedTotal(SQLModel, table=True):
+    """What retention deleted, kept as totals (fleet/store/totals.py): per counter and
+    label set (a JSON list of the label values), the sum of the deleted rows' counts or
+    amounts. The metrics add these to the live rows' figures, so a counter never goes
+    back when its rows are pruned."""
+
+    __tablename__ = "fleet_pruned_totals"
+
+    counter: str = Field(primary_key=True, max_length=100)
+    labels: str = Field(sa_column=Column(Text, primary_key=True))
+    value: float = Field(default=0.0, sa_column=Column(Float, nullable=False, default=0.0))
+
+
 runs = Run.__table__  # type: ignore[attr-defined]
 steps = Step.__table__  # type: ignore[attr-defined]
 attempts = StepAttempt.__table__  # type: ignore[attr-defined]
@@ -385,3 +398,4 @@ limit_state = LimitState.__table__  # type: ignore[attr-defined]
 limit_slots = LimitSlot.__table__  # type: ignore[attr-defined]
 limit_events = LimitEvent.__table__  # type: ignore[attr-defined]
 limit_waits = LimitWait.__table__  # type: ignore[attr-defined]
+pruned_totals = PrunedTotal.__table__  # type: ignore[attr-defined]

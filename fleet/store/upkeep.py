@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import BindParameter
 
 from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind
-from fleet.store import derived, driver, pruning
+from fleet.store import derived, driver, pruning, totals
 from fleet.store import transitions as sql
 from fleet.store.engine import Database, Transaction
 from fleet.store.predicates import EPOCH, GRACE, LIMIT, RUN, STEP, now, run_is, step_is, takeable
@@ -112,13 +112,14 @@ IDS: BindParameter[Any] = bindparam("b_ids", expanding=True)
 PURGE_MESSAGES = delete(dead_messages).where(dead_messages.c.id.in_(IDS))
 PURGE_ALL_MESSAGES = delete(dead_messages)
 
-# --- retention: deletes of a run and every row of its own, re-checking the rule -------
+# --- retention: deletes of whole trees of runs and every row of theirs, re-checked ----
 CUTOFF = bindparam("b_cutoff", type_=Float)
-# Postgres: a run row another transaction is writing is skipped, never waited on.
-PRUNE_PICK = (
-    _select(runs.c.id)
-    .where(runs.c.id.in_(IDS), pruning.prunable(CUTOFF))
-    .with_for_update(skip_locked=True)
+ROOTS: BindParameter[Any] = bindparam("b_roots", expanding=True)
+# Every run of the trees, locked (Postgres): a run row another transaction is writing is
+# skipped, never waited on, and its tree then kept. Then the trees are read again.
+_FAMILY = pruning.family(ROOTS, CUTOFF)
+PRUNE_LOCK = (
+    _select(runs.c.id).where(runs.c.id.in_(_select(_FAMILY.c.id))).with_for_update(skip_locked=True)
 )
 PRUNE_CHILDREN = {
     pruning.short_name(table): delete(table).where(table.c.run_id.in_(IDS))
@@ -343,21 +344,30 @@ class Upkeep(LedgerBase):
 
     # --- retention ----------------------------------------------------------------
     # Deletes, not transitions: a finished run and every row of its own go together.
-    # fleet/retention.py decides when, fleet/store/pruning.py says what may go; each call
-    # here is one short transaction that re-checks that rule on what it deletes.
+    # fleet/worker/retention.py decides when, fleet/store/pruning.py says what may go;
+    # each call here is one short transaction that re-checks that rule on what it deletes.
 
-    def prune_runs(self, run_ids: Sequence[str], cutoff: float) -> dict[str, int]:
-        """Delete these runs, if still prunable at ``cutoff``, with their steps, attempts,
-        intents, signals, dead letters and incidents. The first statement re-checks the
-        rule and (Postgres) locks the rows it keeps; the run rows' own DELETE re-checks it
-        again. A run that changed since it was listed (a dead letter replayed: failed →
-        running) is left whole. Returns the rows deleted per table (``runs``, ``steps``…)."""
+    def prune_trees(self, roots: Sequence[str], cutoff: float) -> dict[str, int]:
+        """Delete the trees of these root runs (``pruning.family``), each only if every run
+        of it is still prunable at ``cutoff``, whole: its runs with their steps, attempts,
+        intents, signals, dead letters, incidents, messages. In one transaction that
+        first locks (Postgres) every run of the trees, then reads them again: a tree with
+        a run that changed since it was listed (a dead letter replayed: failed → running),
+        or that another transaction holds, is left whole. What the metrics count of the
+        rows deleted is added to the kept totals (``totals.add_pruned``) in the same
+        transaction. The run rows' own DELETE re-checks the rule once more; a miss undoes
+        the batch, totals too. Returns the rows deleted per table (``runs``, ``steps``…)."""
         with self.db.begin(self.tx) as conn:
-            pick = {"b_ids": list(run_ids), "b_cutoff": cutoff}
-            ids = list(conn.execute(PRUNE_PICK, pick).scalars())
+            params = {"b_roots": list(roots), "b_cutoff": cutoff}
+            locked = set(conn.execute(PRUNE_LOCK, params).scalars())
+            ids = []
+            for tree in pruning.tree_members(conn, roots, cutoff).values():
+                if all(not live and member in locked for member, live in tree):
+                    ids += [member for member, _ in tree]
             if not ids:
                 return {}
             batch = conn.begin_nested()
+            totals.add_pruned(conn, ids)  # before the rows it counts go
             counts = {
                 name: conn.execute(stmt, {"b_ids": ids}).rowcount
                 for name, stmt in PRUNE_CHILDREN.items()

@@ -1,16 +1,23 @@
-"""Retention: finished runs are deleted, with everything of theirs, in bounded batches.
+"""Retention: finished trees of runs are deleted, with everything of theirs, in bounded
+batches.
 
-The rule (``fleet/store/pruning.py``): a run that finished (succeeded, failed or
-cancelled) longer ago than the retention goes, with its steps, attempts, intents,
-signals, dead letters and incidents, and then the blobs nothing references any more. A
-failed run with a dead letter not yet replayed is kept: replaying it resumes the run.
-A live run, and every row of one, is never touched.
+The rule (``fleet/store/pruning.py``; DESIGN invariant 15, retention never changes a
+live run's story): a run goes only with its whole tree (its root and every descendant,
+attached or detached, at any depth), and a tree goes only when every run of it finished
+(succeeded, failed or cancelled) longer ago than the retention, none of them a failed
+run with a dead letter not yet replayed (replaying it resumes the run). With its runs go
+their steps, attempts, intents, signals, dead letters, incidents and messages, and then
+the blobs nothing references any more. A live run, every run of its tree, and every row
+of theirs, are never touched: its children, their spend (which its budget counts) and
+its ``fleet status`` stay. What the metrics counted of the deleted rows is kept as
+totals (``fleet/store/totals.py``), so no counter goes back.
 
-Batches, not one statement: each batch of runs is one short transaction (the ledger's
-``prune_runs``), so a running fleet's step commits wait for at most one batch, and a
-prune stopped half way leaves every run either whole or gone. ``fleet prune`` walks the
-runs table once; the sweeper, with ``FLEET_RETENTION`` set, prunes one batch per tick
-and, once it has caught up, looks again only every ``RetentionSweep.every`` seconds.
+Batches, not one statement: each batch of whole trees (``batch`` runs, or one larger
+tree alone) is one short transaction (the ledger's ``prune_trees``), so a running
+fleet's step commits wait for at most one batch, and a prune stopped half way leaves
+every tree either whole or gone. ``fleet prune`` walks the roots once; the sweeper,
+with ``FLEET_RETENTION`` set, prunes one batch per tick and, once it has caught up,
+looks again only every ``RetentionSweep.every`` seconds.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ from fleet.worker.runtime import Runtime
 
 log = logging.getLogger("fleet.retention")
 
-BATCH = 200  # runs per transaction: a few thousand rows, a few tens of milliseconds
-SWEEP_BATCH = 100  # runs per sweeper tick
+BATCH = 200  # runs per transaction (whole trees): a few thousand rows, tens of milliseconds
+SWEEP_BATCH = 100  # runs per sweeper tick (whole trees)
 BLOB_BATCH = 500  # blobs per transaction (each checked against every referencing column)
 # A blob stored (or stored again) this recently is never deleted: a writer may be about
 # to commit the row that references it (see Ledger.prune_blobs).
@@ -66,9 +73,10 @@ class PruneResult:
 def prune(
     rt: Runtime, finished_before: float, *, dry_run: bool = False, batch: int = BATCH
 ) -> PruneResult:
-    """Delete runs finished ``finished_before`` seconds ago or earlier (on the store's
-    clock) and everything of theirs, then the blobs nothing references any more; with
-    ``dry_run``, count them and delete nothing."""
+    """Delete the trees of runs all finished ``finished_before`` seconds ago or earlier
+    (on the store's clock) and everything of theirs, then the blobs nothing references
+    any more; with ``dry_run``, count them (the same trees, batch by batch) and delete
+    nothing."""
     if not 0 <= finished_before < float("inf"):
         raise BadInput(f"finished_before must be a number of seconds >= 0, got {finished_before}")
     if batch < 1:
@@ -76,13 +84,14 @@ def prune(
     reads = PruneReads(rt.db)
     cutoff = rt.queries.now() - finished_before
     result = PruneResult(dry_run=dry_run)
-    after = ""
-    while ids := reads.prunable_runs(cutoff, after, batch):
-        after = ids[-1]
-        if dry_run:
-            result.add({"runs": len(ids), **reads.child_counts(ids)})
-        else:
-            result.add(rt.ledger.prune_runs(ids, cutoff))
+    next_root: str | None = ""
+    while next_root is not None:
+        trees = reads.prunable_trees(cutoff, next_root, batch)
+        if trees.roots and dry_run:
+            result.add(reads.tree_counts(trees.roots, cutoff))
+        elif trees.roots:
+            result.add(rt.ledger.prune_trees(trees.roots, cutoff))
+        next_root = trees.after
     after = ""
     while True:
         if dry_run:
@@ -109,7 +118,7 @@ class RetentionSweep:
         # No point looking more often than a run takes to become prunable.
         self.every = max(min(SWEEP_EVERY, retention), rt.settings.sweep_interval)
         self._reads = PruneReads(rt.db)
-        self._runs_after = ""  # cursors: ids and digests up to here were seen this pass
+        self._runs_after = ""  # cursors: roots and digests up to here were seen this pass
         self._blobs_after: str | None = None  # None: not walking the blobs
         self._pruned = 0  # runs deleted in this pass
         self._next = 0.0  # monotonic time of the next pass
@@ -121,10 +130,10 @@ class RetentionSweep:
         if time.monotonic() < self._next:
             return None
         cutoff = self.rt.queries.now() - self.retention
-        ids = self._reads.prunable_runs(cutoff, self._runs_after, self.batch)
+        trees = self._reads.prunable_trees(cutoff, self._runs_after, self.batch)
         result = PruneResult()
-        if ids:
-            result.add(self.rt.ledger.prune_runs(ids, cutoff))
+        if trees.roots:
+            result.add(self.rt.ledger.prune_trees(trees.roots, cutoff))
             self._pruned += result.runs
             log.info(
                 "retention pruned %d run(s) finished over %.0fs ago (%d steps)",
@@ -132,8 +141,8 @@ class RetentionSweep:
                 self.retention,
                 result.steps,
             )
-        if len(ids) == self.batch:
-            self._runs_after = ids[-1]
+        if trees.after is not None:
+            self._runs_after = trees.after
             return result
         # The pass over the runs is over: walk the blobs if runs went, then rest.
         self._runs_after = ""

@@ -29,7 +29,7 @@ from fleet.store.schema import (
     signals,
     steps,
 )
-from fleet.worker.retention import BLOB_GRACE, PruneResult
+from fleet.worker.retention import BLOB_GRACE, PruneResult, RetentionSweep
 from tests.harness import ROOT, Backend, Cluster, InlineBroker, make_backend, poll, starts
 
 # Every table that holds rows of a run, and its run id column.
@@ -187,8 +187,8 @@ def test_a_run_finished_at_the_cutoff_itself_goes(client: Fleet, inline: InlineB
     with client.runtime.db.begin() as conn:
         finished_at = conn.execute(select(runs.c.finished_at).where(runs.c.id == run_id)).scalar()
     assert finished_at is not None
-    assert PruneReads(client.runtime.db).prunable_runs(finished_at, "", 10) == [run_id]
-    assert client.runtime.ledger.prune_runs([run_id], finished_at)["runs"] == 1
+    assert PruneReads(client.runtime.db).prunable_trees(finished_at, "", 10).roots == [run_id]
+    assert client.runtime.ledger.prune_trees([run_id], finished_at)["runs"] == 1
 
 
 def test_a_run_that_changed_after_it_was_listed_is_not_deleted(
@@ -199,13 +199,14 @@ def test_a_run_that_changed_after_it_was_listed_is_not_deleted(
     first, second = client.enqueue("chain", 1).id, client.enqueue("chain", 1).id
     inline.drain()
     cutoff = client.runtime.queries.now() + 1
-    assert PruneReads(client.runtime.db).prunable_runs(cutoff, "", 10) == sorted([first, second])
+    listed = PruneReads(client.runtime.db).prunable_trees(cutoff, "", 10).roots
+    assert listed == sorted([first, second])
     with client.runtime.db.begin() as conn:  # what a replay does to a failed run
         conn.execute(
             update(runs).where(runs.c.id == second).values(status="running", finished_at=None)
         )
     kept = rows_of(client, second)
-    counts = client.runtime.ledger.prune_runs(sorted([first, second]), cutoff)
+    counts = client.runtime.ledger.prune_trees(sorted([first, second]), cutoff)
     assert counts["runs"] == 1
     assert rows_of(client, first)["runs"] == [] and rows_of(client, second) == kept
 
@@ -330,3 +331,147 @@ def test_fleet_retention_must_be_a_duration() -> None:
     assert Settings.from_env({}).retention is None
     with pytest.raises(BadInput, match="FLEET_RETENTION '30' is not a duration"):
         Settings.from_env({"FLEET_RETENTION": "30"})
+
+
+# --- trees (issue 48, item 2): a run goes only with its whole tree, all of it finished --
+
+
+def finish_at(client: Fleet, seconds_ago: float, *run_ids: str) -> None:
+    """Make runs look as if they finished ``seconds_ago`` seconds before now."""
+    now = client.runtime.queries.now()
+    with client.runtime.db.begin() as conn:
+        conn.execute(
+            update(runs).where(runs.c.id.in_(run_ids)).values(finished_at=now - seconds_ago)
+        )
+
+
+def run_ids(client: Fleet) -> set[str]:
+    with client.runtime.db.begin() as conn:
+        return set(conn.execute(select(runs.c.id)).scalars())
+
+
+def orphans(client: Fleet) -> list[str]:
+    """Runs whose parent_id names a run that is not in the store."""
+    with client.runtime.db.begin() as conn:
+        found = conn.execute(select(runs.c.id, runs.c.parent_id)).all()
+    ids = {run_id for run_id, _ in found}
+    return [run_id for run_id, parent in found if parent is not None and parent not in ids]
+
+
+def test_a_live_parent_keeps_its_finished_child_and_its_budget_counts_the_childs_spend(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """The issue's case: a parent waiting on a signal, its child finished long ago with
+    101 tokens spent. Neither ``fleet prune`` nor the sweeper deletes the child; the
+    parent's usage stays 101 and its budget of 150 still counts it: after "go", one more
+    step of 101 starts and the next does not (before the fix: usage 0, both started)."""
+    run = client.enqueue("scout_then_wait", budget={"tokens": 150})
+    inline.drain()
+    child = f"{run.id}/scout"
+    assert (run.status(), client.run(child).status()) == ("waiting", "succeeded")
+    assert run.usage()["tokens"] == 101
+    finish_at(client, 7200, child)
+    usage, tree = run.usage(), {run.id: rows_of(client, run.id), child: rows_of(client, child)}
+
+    assert client.prune(1, dry_run=True).runs == 0
+    assert client.prune(1, batch=1) == PruneResult()
+    assert RetentionSweep(client.runtime, 1.0).tick() == PruneResult()
+    assert {r: rows_of(client, r) for r in tree} == tree, "a run of a live tree was touched"
+    assert run.usage() == usage
+    assert [r.id for r in client.runtime.queries.runs() if r.parent_id == run.id] == [child]
+
+    client.signal(run.id, "go", {})
+    inline.drain()
+    assert run.status() == "needs_decision", "the budget counted the child's spend"
+    assert run.usage()["tokens"] == 202
+    assert starts(backend, run.id) == {"work#1": 1}
+
+
+def test_a_finished_parent_and_its_running_detached_child_both_stay_then_go_together(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    run = client.enqueue("abandoner")
+    inline.drain()
+    stray = f"{run.id}/stray"
+    assert (run.status(), client.run(stray).status()) == ("succeeded", "waiting")
+    finish_at(client, 7200, run.id)
+    kept = {r: rows_of(client, r) for r in (run.id, stray)}
+
+    assert client.prune(1) == PruneResult()
+    assert {r: rows_of(client, r) for r in kept} == kept
+    assert orphans(client) == []
+
+    client.signal(stray, "go", {})
+    inline.drain()
+    assert client.run(stray).status() == "succeeded"
+    assert client.prune(0).runs == 2
+    assert run_ids(client) == set()
+
+
+@pytest.mark.parametrize("batch", [1, 200])
+def test_a_tree_three_levels_deep_goes_whole_once_every_run_of_it_is_past_the_horizon(
+    client: Fleet, inline: InlineBroker, batch: int
+) -> None:
+    """Root, child, detached grandchild, great-grandchild, and a lone run beside them.
+    While any one run of the tree finished inside the horizon, none of it goes (a dry run
+    says so too); once all have, the whole tree goes in one batch, even one of a single
+    run, and the dry run before counted exactly what went."""
+    root = client.enqueue("lineage", 3, 2).id
+    lone = client.enqueue("chain", 1).id
+    inline.drain()
+    tree = [root, f"{root}/heir", f"{root}/heir/heir", f"{root}/heir/heir/heir"]
+    assert run_ids(client) == {*tree, lone}
+    assert client.run(root).wait(timeout=5) == 4
+    rows = [client.runtime.queries.run(r) for r in tree]
+    assert [r.detached for r in rows if r is not None] == [False, False, True, False]
+
+    for inside in tree:
+        finish_at(client, 7200, *tree, lone)
+        finish_at(client, 1800, inside)
+        rows = {r: rows_of(client, r) for r in tree}
+        dry = client.prune(3600, dry_run=True, batch=batch)
+        assert (dry.runs, dry.steps) == (1, 1), f"only the lone run, {inside} inside"
+        assert client.prune(3600, batch=batch).counts() == dry.counts()
+        assert {r: rows_of(client, r) for r in tree} == rows, f"{inside} finished inside"
+        lone = client.enqueue("chain", 1).id
+        inline.drain()
+
+    finish_at(client, 7200, *tree, lone)
+    dry = client.prune(3600, dry_run=True, batch=batch)
+    assert (dry.runs, dry.steps, dry.attempts) == (5, 5, 2)  # three child steps, two work
+    assert client.prune(3600, batch=batch).counts() == dry.counts()
+    assert run_ids(client) == set()
+
+
+def test_a_tree_whose_child_changed_after_it_was_listed_stays_whole(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    """The ledger reads each tree again under its lock: a child that moved on after the
+    tree was listed (as a replayed dead letter moves a failed run) keeps all of it."""
+    run = client.enqueue("parent", 2)
+    inline.drain()
+    child = f"{run.id}/kid#1"
+    cutoff = client.runtime.queries.now() + 1
+    assert PruneReads(client.runtime.db).prunable_trees(cutoff, "", 10).roots == [run.id]
+    with client.runtime.db.begin() as conn:
+        conn.execute(
+            update(runs).where(runs.c.id == child).values(status="running", finished_at=None)
+        )
+    kept = {r: rows_of(client, r) for r in (run.id, child)}
+    assert client.runtime.ledger.prune_trees([run.id], cutoff) == {}
+    assert {r: rows_of(client, r) for r in kept} == kept
+
+
+def test_a_run_whose_parent_is_already_gone_heads_its_own_tree(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    """A store pruned run by run (before trees) may hold a child whose parent is gone:
+    it is the root of what is left of its tree, and goes when that is finished."""
+    run = client.enqueue("parent", 2)
+    inline.drain()
+    with client.runtime.db.begin() as conn:
+        for column in reversed(RUN_ROWS.values()):  # the run row last
+            conn.execute(column.table.delete().where(column == run.id))
+    assert orphans(client) == [f"{run.id}/kid#1"]
+    assert client.prune(0).runs == 1
+    assert run_ids(client) == set()
