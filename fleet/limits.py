@@ -35,6 +35,10 @@ PIECES = 6
 BURST = 4
 # The key of a per-tenant limit for a run without a tenant.
 NO_TENANT = "-"
+# A limiter's ``release`` given this for the tokens used: the attempt made no request,
+# so its call is taken out of each rated limit named (its reserved tokens and its
+# request given back): it never reached the provider.
+NO_REQUEST = -2
 
 
 def _positive(name: str, what: str, value: object) -> None:
