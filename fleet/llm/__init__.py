@@ -37,9 +37,9 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.llm.endpoints import Chat, ChatCompletions, Responses
-from fleet.llm.sending import Prices, Recorder, UsageSink, attempt_calls, refusal
+from fleet.llm.sending import Prices, Recorder, UsageSink, refusal
 
-__all__ = ["Prices", "RecordingClient", "UsageSink", "attempt_calls", "recording"]
+__all__ = ["Prices", "RecordingClient", "UsageSink", "recording"]
 
 # The client's parts that spend without fleet seeing it: refused, not passed through.
 _UNRECORDED = (

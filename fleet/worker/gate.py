@@ -49,8 +49,7 @@ from typing import Protocol
 
 from fleet.errors import FleetError, Retry
 from fleet.limits import NO_REQUEST, NO_TENANT, LimitUse, Throttled, Want, rated_limit_of_step
-from fleet.llm import attempt_calls
-from fleet.llm.sending import Calls
+from fleet.llm.sending import Calls, attempt_calls
 from fleet.registry import StepDef
 from fleet.store.limits import LimitStore
 from fleet.store.rows import RunRow, StepRow

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from fleet import NonRetryable
-from fleet.llm import attempt_calls, recording
+from fleet.llm import recording
+from fleet.llm.sending import attempt_calls
 from tests.provider import COMPLETION_TOKENS, PROMPT_TOKENS, TEXT, WORDS, model_answer
 
 PIN = "example-model-2026-10"
