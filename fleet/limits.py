@@ -35,6 +35,10 @@ PIECES = 6
 BURST = 4
 # The key of a per-tenant limit for a run without a tenant.
 NO_TENANT = "-"
+# A limiter's ``release`` given this for the tokens used: the attempt made no request,
+# so its call is taken out of each rated limit named (its reserved tokens and its
+# request given back): it never reached the provider.
+NO_REQUEST = -2
 
 
 def _positive(name: str, what: str, value: object) -> None:
@@ -50,7 +54,9 @@ class Limit:
     many steps naming it run at once; ``requests_per_minute``: at most this many start
     in any 60 seconds; ``tokens_per_minute``: the tokens they reserve (the step's
     ``tokens=`` estimate) and then report (``ctx.record_usage``) in any 60 seconds stay
-    under it. Both are paced: a sixth of each at once, then at their rate (``pace``).
+    under it (an attempt that reports none and sent no request through
+    ``fleet.llm.recording`` never reached the provider: its tokens and its request are
+    given back). Both are paced: a sixth of each at once, then at their rate (``pace``).
     ``per_tenant``: each run's tenant has a limit of its own."""
 
     name: str
@@ -175,7 +181,7 @@ class LimitUse:
 
 
 # The step attempt's rated limit (its first naming requests or tokens per minute), for
-# an OpenAI-compatible client's 429 to name (``fleet/llm.py``); None outside a step.
+# an OpenAI-compatible client's 429 to name (``fleet/llm``); None outside a step.
 _rated: ContextVar[str | None] = ContextVar("fleet_rated_limit", default=None)
 
 

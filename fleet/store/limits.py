@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 from fleet.limits import (
     EARLY,
     FRESH,
+    NO_REQUEST,
     WINDOW,
     LimitUse,
     Throttled,
@@ -177,6 +178,9 @@ _SETTLE = (
     .where(limit_events.c.limit_key.in_(KEYS), limit_events.c.token == TOKEN)
     .values(tokens=AMOUNT)
 )
+_UNSENT = delete(limit_events).where(
+    limit_events.c.limit_key.in_(KEYS), limit_events.c.token == TOKEN
+)
 _PAUSE = update(limit_state).where(limit_state.c.limit_key == KEY).values(paused_until=AT + TTL)
 _PAUSED = select(limit_state.c.limit_key, limit_state.c.paused_until).where(
     limit_state.c.limit_key.in_(KEYS)
@@ -305,16 +309,19 @@ class LimitStore:
         token: str,
         used_tokens: int | None,
     ) -> list[tuple[str, str]]:
-        """Give the step's slots back; settle its reserved tokens with ``used_tokens``.
-        Returns the waiting steps to wake now (run id, step id): for each slot given back,
-        the first in line still asleep (one woken already, or about to come, has a slot)."""
+        """Give the step's slots back; settle its reserved tokens with ``used_tokens``
+        (``NO_REQUEST``: its call taken out of ``rated``, tokens and request). Returns the
+        waiting steps to wake now (run id, step id): for each slot given back, the first
+        in line still asleep (one woken already, or about to come, has a slot)."""
         woken: list[tuple[str, str]] = []
         with self.db.begin() as conn:
             if keys:
                 params = {"b_keys": list(keys), "b_run": run_id, "b_step": step_id}
                 if conn.execute(_RELEASE, {**params, "b_token": token}).rowcount:
                     woken = self._first_in_line(conn, keys)
-            if rated and used_tokens is not None:
+            if rated and used_tokens == NO_REQUEST:
+                conn.execute(_UNSENT, {"b_keys": list(rated), "b_token": token})
+            elif rated and used_tokens is not None:
                 settled = {"b_keys": list(rated), "b_token": token, "b_tokens": used_tokens}
                 conn.execute(_SETTLE, settled)
         return woken

@@ -14,9 +14,15 @@ but not in another leaves the first's line and wakes the next in it.
 thread per process, every third of the lease) and given back however the body ends
 (output, failure, retry, dead letter, lost lease), with the tokens it reported settling
 its reservation; each slot given back sends the step first in line for it at once (one
-per slot, never every waiting step). A worker killed while holding a slot stops renewing
-it: it lapses a lease later, and the steps waiting for it come back at their countdown.
-A step that names no limit costs nothing here.
+per slot, never every waiting step). What its recording clients did (``fleet.llm``'s
+``Calls``) settles the rest: streams left open are recorded first; an attempt that
+reported no usage and sent no request never reached the provider, so its call is taken
+out of each tokens limit (its tokens and its request given back; a requests-only limit
+keeps it, as fleet cannot see a request made otherwise); a stream that ended before the
+provider's count keeps at least its reservation. A lease refused after ``admit`` gives
+back its call in every rated limit: no body ran. A worker killed while holding a slot
+stops renewing it: it lapses a lease later, and the steps waiting for it come back at
+their countdown. A step that names no limit costs nothing here.
 
 The limiter is Redis when the broker is (``fleet/worker/limiter.py``), the store
 otherwise (``fleet/store/limits.py``); each slot is held by one delivery (a random
@@ -42,7 +48,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fleet.errors import FleetError, Retry
-from fleet.limits import NO_TENANT, LimitUse, Throttled, Want, rated_limit_of_step
+from fleet.limits import NO_REQUEST, NO_TENANT, LimitUse, Throttled, Want, rated_limit_of_step
+from fleet.llm.sending import Calls, attempt_calls
 from fleet.registry import StepDef
 from fleet.store.limits import LimitStore
 from fleet.store.rows import RunRow, StepRow
@@ -113,7 +120,8 @@ def limiter(rt: Runtime) -> Limiter:
 @dataclass(frozen=True)
 class Held:
     """Room a delivery took for a step: its concurrency slots (``keys``), its events in
-    rated limits (``rated``: settled with the tokens it reports) and whose they are."""
+    rated limits (``rated``; in those counting tokens, ``counted``, it reserved
+    ``reserved``, settled with the tokens it reports) and whose they are."""
 
     rt: Runtime
     run_id: str
@@ -121,14 +129,17 @@ class Held:
     token: str
     keys: tuple[str, ...]
     rated: tuple[str, ...]
-    settles: bool  # a tokens-per-minute limit: its reservation is settled with usage
+    counted: tuple[str, ...]
+    reserved: int
 
-    def release(self, used_tokens: int | None = None) -> None:
-        """Give the room back, and send at once each waiting step first in line for a
-        slot given back (one per slot: never all waiting steps at once)."""
+    def release(self, used_tokens: int | None = None, rated: Sequence[str] | None = None) -> None:
+        """Give the room back (settling the calls in ``rated``, all by default, with
+        ``used_tokens``), and send at once each waiting step first in line for a slot
+        given back (one per slot: never all waiting steps at once)."""
+        rated = self.rated if rated is None else rated
         try:
             woken = limiter(self.rt).release(
-                self.keys, self.rated, self.run_id, self.step_id, self.token, used_tokens
+                self.keys, rated, self.run_id, self.step_id, self.token, used_tokens
             )
         except Exception as exc:  # the slots lapse a lease later anyway
             log.warning("giving back the limits of step %s failed: %s", self.step_id, exc)
@@ -215,7 +226,8 @@ def _admit(rt: Runtime, run: RunRow, step: StepRow, sd: StepDef) -> bool:
         token,
         tuple(w.key for w in needed if w.concurrency is not None),
         tuple(w.key for w in needed if w.requests_per_minute or w.tokens_per_minute),
-        any(w.tokens_per_minute for w in needed),
+        tuple(w.key for w in needed if w.tokens_per_minute),
+        max((w.tokens for w in needed), default=0),
     )
     with _admitted_lock:
         _admitted[(id(rt), run.id, step.step_id)] = held
@@ -252,33 +264,64 @@ def _deferred(rt: Runtime, run: RunRow, step: StepRow, no: Throttled) -> None:
 
 
 def refused(rt: Runtime, run_id: str, step_id: str) -> None:
-    """The lease was not taken after all: give back what ``admit`` took."""
+    """The lease was not taken after all: give back what ``admit`` took (its calls too:
+    no request was made)."""
     with _admitted_lock:
         held = _admitted.pop((id(rt), run_id, step_id), None)
     if held is not None:
-        strands.off_the_loop(held.release)
+        strands.off_the_loop(held.release, NO_REQUEST)
 
 
 @contextmanager
 def holding(att: Attempt) -> Iterator[None]:
-    """Around the attempt's body: keep its slots while it runs, give them back after."""
-    if not att.sd.limits:
-        yield
-        return
-    with _admitted_lock:
-        held = _admitted.pop((id(att.rt), att.run_id, att.step_id), None)
-    rated = next((n for n in att.sd.limits if att.rt.registry.limits[n].rated), None)
-    if held is None:  # taken without ``admit`` (cannot happen: see attempt._claimed)
-        with rated_limit_of_step(rated):
-            yield
-        return
-    _renewer.add(held)
+    """Around the attempt's body: keep its slots while it runs, give them back after;
+    a stream its recording clients left open is recorded before (every step's)."""
+    with attempt_calls() as calls:
+        if not att.sd.limits:
+            try:
+                yield
+            finally:
+                if calls.open:
+                    strands.off_the_loop(_finish, att, calls)
+            return
+        with _admitted_lock:
+            held = _admitted.pop((id(att.rt), att.run_id, att.step_id), None)
+        rated = next((n for n in att.sd.limits if att.rt.registry.limits[n].rated), None)
+        if held is None:  # taken without ``admit`` (cannot happen: see attempt._claimed)
+            with rated_limit_of_step(rated):
+                yield
+            return
+        _renewer.add(held)
+        try:
+            with rated_limit_of_step(rated):
+                yield
+        finally:
+            _renewer.remove(held)
+            strands.off_the_loop(_settle, att, held, calls)
+
+
+def _finish(att: Attempt, calls: Calls) -> None:
+    """Record the streams the attempt left open as they stand."""
     try:
-        with rated_limit_of_step(rated):
-            yield
-    finally:
-        _renewer.remove(held)
-        strands.off_the_loop(held.release, _used_tokens(att) if held.settles else None)
+        calls.finish()
+    except Exception as exc:  # the room is given back all the same
+        log.warning("recording the open streams of step %s failed: %s", att.step_id, exc)
+
+
+def _settle(att: Attempt, held: Held, calls: Calls) -> None:
+    """Give the attempt's room back, its reservation settled by what it did (above)."""
+    _finish(att, calls)
+    if not held.counted:
+        held.release()
+        return
+    used = _used_tokens(att)
+    if used is None and not calls.sent:  # it never reached the provider
+        held.release(NO_REQUEST, held.counted)
+        return
+    used = used or 0
+    if calls.uncounted:  # a stream ended before the provider counted it
+        used = max(used, held.reserved)
+    held.release(used)
 
 
 def _used_tokens(att: Attempt) -> int | None:

@@ -263,9 +263,8 @@ return n
 """
 )
 
-# ARGV: holder, token, used tokens (-1: unknown), fresh ms, early ms, number of slot
-# keys, slot keys..., rated keys...: give the slots back, settle the tokens reserved.
-# Returns the waiting steps to wake now: for each slot given back, the first in line.
+# ARGV: holder, token, used tokens (-1 unknown, -2 NO_REQUEST: its call taken out), fresh
+# ms, early ms, n, n slot keys, rated keys: slots given back (returned: each one's next).
 _RELEASE = (
     _PRELUDE
     + """
@@ -287,11 +286,12 @@ for i = 7, 6 + n do
     end
   end
 end
-if used >= 0 then
-  for i = 7 + n, #ARGV do
-    if redis.call('HEXISTS', k(ARGV[i], 'tokens'), token) == 1 then
-      redis.call('HSET', k(ARGV[i], 'tokens'), token, used)
-    end
+for i = 7 + n, #ARGV do
+  if used == -2 then
+    redis.call('ZREM', k(ARGV[i], 'events'), token)
+    redis.call('HDEL', k(ARGV[i], 'tokens'), token); redis.call('HDEL', k(ARGV[i], 'who'), token)
+  elseif used >= 0 and redis.call('HEXISTS', k(ARGV[i], 'tokens'), token) == 1 then
+    redis.call('HSET', k(ARGV[i], 'tokens'), token, used)
   end
 end
 return woken

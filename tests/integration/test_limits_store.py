@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fleet.limits import Throttled, Want, pace
+from fleet.limits import NO_REQUEST, Throttled, Want, pace
 from fleet.store import migrate
 from fleet.store.engine import Database
 from fleet.store.limits import LimitStore
@@ -343,3 +343,20 @@ def test_racing_takers_never_hold_more_slots_than_the_limit(lim: Any) -> None:
     assert errors == []
     assert most == 2 and granted == 40
     assert lim.uses(["race"])[0].running == 0
+
+
+def test_a_call_that_never_reached_the_provider_is_taken_out(lim: Any) -> None:
+    """Released with NO_REQUEST (issue 48, item 16): its request and its reserved tokens
+    leave the limit, and only its; a call settled with its usage stays."""
+
+    def both(tokens: int) -> Want:
+        return Want("both", None, 60, 100, tokens)
+
+    assert take(lim, [both(30)], "sent") is None
+    assert take(lim, [both(30)], "unsent") is None
+    lim.release([], ["both"], "run", "sent", "tok-sent", 10)
+    lim.release([], ["both"], "run", "unsent", "tok-unsent", NO_REQUEST)
+    use = lim.uses(["both"])[0]
+    assert (use.requests, use.tokens) == (1, 10)
+    lim.release([], ["both"], "run", "unsent", "tok-unsent", NO_REQUEST)  # twice: nothing
+    assert (lim.uses(["both"])[0].requests, lim.uses(["both"])[0].tokens) == (1, 10)
