@@ -281,6 +281,13 @@ class FilesystemChannel(GuardedChannel, filesystem.Channel):
 class FilesystemTransport(filesystem.Transport):
     Channel = FilesystemChannel
 
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        # A folder has no host: kombu's virtual transports default to "localhost", and
+        # every connection made from the URL (one per pooled producer) logged
+        # "No hostname was supplied. Reverting to default 'localhost'" for it.
+        return {}
+
 
 class RedisChannel(GuardedChannel, redis.Channel):
     _shared: Any = None  # the client ``conn_or_acquire`` hands out, for ``pool``
