@@ -178,6 +178,7 @@ def register(celery: Celery, rt: Runtime) -> None:
         rt.ledger.incident(Incident.MALFORMED_MESSAGE, None, detail=detail)
 
     process.current().register(rt, celery)
+    process.current().loop.watch(rt.settings.loop_watchdog)
     trace_log = logging.getLogger(trace.__name__)
     if _QUIET not in trace_log.filters:
         trace_log.addFilter(_QUIET)
