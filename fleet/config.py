@@ -29,6 +29,17 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _off_or_float(env: Mapping[str, str], name: str, default: float) -> float:
+    """``0`` (off) or a positive finite number."""
+    raw = env.get(name)
+    if raw is not None and raw.strip() in ("0", "0.0"):
+        return 0.0
+    try:
+        return _float(env, name, default)
+    except BadInput:
+        raise BadInput(f"{name}={raw!r} must be 0 (off) or a positive number") from None
+
+
 def _count(env: Mapping[str, str], name: str, default: int, least: int = 1) -> int:
     """A whole number of ``least`` or more (``10000``, not ``1e4`` or ``10.5``)."""
     raw = env.get(name)
@@ -109,6 +120,9 @@ class Settings:
     # ``async_strands`` of them in the store at once (fleet/worker/on_loop.py); 0:
     # on strand threads, as on SQLite.
     async_on_loop: bool = True
+    # A worker process logs one line whenever its event loop is held longer than this
+    # many seconds (an ``async def`` step blocking it: fleet/worker/watchdog.py); 0: off.
+    loop_watchdog: float = 1.0
     # A worker process freezes what its start-up built and collects cycles at these
     # thresholds (fleet/worker/collector.py); None (``python``): the interpreter's own.
     gc_threshold: tuple[int, int, int] | None = (5000, 20, 100)
@@ -161,6 +175,7 @@ class Settings:
             async_awaiting=_count(env, "FLEET_ASYNC_AWAITING", cls.async_awaiting, least=0),
             async_strands=_count(env, "FLEET_ASYNC_STRANDS", cls.async_strands),
             async_on_loop=_flag(env, "FLEET_ASYNC_ON_LOOP", cls.async_on_loop),
+            loop_watchdog=_off_or_float(env, "FLEET_LOOP_WATCHDOG", cls.loop_watchdog),
             live_runs=_count(env, "FLEET_LIVE_RUNS", cls.live_runs, least=0),
             gc_threshold=_gc_threshold(env, cls.gc_threshold),
             retention=env_duration(env, "FLEET_RETENTION"),

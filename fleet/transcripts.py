@@ -118,19 +118,45 @@ def to_json(value: Any) -> dict[str, Any] | None:
     return make(value).to_json() if make is not None else None
 
 
+# The roles a chat message may have (OpenAI's, and "developer", its newer "system").
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
 def summary_messages(output: Any) -> list[dict[str, Any]]:
     """A summarize step's output as the messages that lead a window: a message, a list
-    of them, or a string (a system message holding it)."""
+    of them, or a string (a system message holding it). Each message must be one: a
+    ``role`` among ``ROLES`` and a ``content`` (an assistant's may have ``tool_calls``
+    instead); anything else is refused, in one line naming what is wrong."""
     if isinstance(output, str):
         return [{"role": "system", "content": output}]
     if isinstance(output, dict):
-        return [output]
-    if isinstance(output, list) and all(isinstance(m, dict) for m in output):
-        return list(output)
-    raise PayloadError(
-        "a compaction's summary must be a message (a JSON object), a list of them or a "
-        f"string; the summarize step returned {type(output).__name__}"
-    )
+        messages = [output]
+    elif isinstance(output, list) and all(isinstance(m, dict) for m in output):
+        messages = list(output)
+    else:
+        raise PayloadError(
+            "a compaction's summary must be a message (a JSON object), a list of them or a "
+            f"string; the summarize step returned {type(output).__name__}"
+        )
+    for i, message in enumerate(messages):
+        wrong = _not_a_message(message)
+        if wrong:
+            where = "summary" if isinstance(output, dict) else f"summary message {i}"
+            raise PayloadError(f"a compaction's {where} is not a message: {wrong}")
+    return messages
+
+
+def _not_a_message(message: dict[str, Any]) -> str | None:
+    """What keeps ``message`` from being a chat message, or None."""
+    role = message.get("role")
+    if not isinstance(role, str):
+        found = "none" if role is None else f"{type(role).__name__} {role!r:.40}"
+        return f"its role must be a string, one of {', '.join(sorted(ROLES))} (found {found})"
+    if role not in ROLES:
+        return f"role {role!r:.40} is not one of {', '.join(sorted(ROLES))}"
+    if "content" not in message and not (role == "assistant" and "tool_calls" in message):
+        return f"a {role} message needs a content"
+    return None
 
 
 @dataclass(frozen=True)

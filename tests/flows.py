@@ -1047,3 +1047,37 @@ def forgiving(wf: WorkflowContext) -> str:
     wf.step(nop, 1)
     wf.wait_for("go")
     return f"caught {caught}"
+
+
+# --- async steps that misbehave (issue 48, item 11) -----------------------------------
+
+
+@fleet.step
+async def ablock(ctx: StepContext, seconds: float) -> str:
+    """Blocks the loop ``seconds`` (time.sleep, not an await)."""
+    log_event(ctx, "start")
+    time.sleep(seconds)
+    return ctx.step_id
+
+
+@fleet.workflow(version="1")
+def async_blocking(wf: WorkflowContext, seconds: float) -> str:
+    return str(wf.step(ablock, seconds))
+
+
+@fleet.step
+async def aswallow(ctx: StepContext) -> None:
+    """Awaits forever and swallows every CancelledError it is sent."""
+    import asyncio
+
+    log_event(ctx, "start")
+    while True:
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            log_event(ctx, "swallowed")
+
+
+@fleet.workflow(version="1")
+def async_swallowing(wf: WorkflowContext) -> None:
+    wf.step(aswallow)

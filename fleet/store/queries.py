@@ -194,6 +194,23 @@ class Queries:
             running = {(r, s, int(e)) for r, s, e in conn.execute(stmt).all()}
         return {k for k in keys if k in running}
 
+    def leased_steps(self, names: Sequence[str]) -> list[tuple[str, str, str, str | None]]:
+        """(run id, step id, step name, run's tenant) of each step named ``names`` that
+        runs under a live lease (by the store's clock): what holds limits' slots now."""
+        if not names:
+            return []
+        stmt = (
+            select(steps.c.run_id, steps.c.step_id, steps.c.name, runs.c.tenant)
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(
+                steps.c.status == StepStatus.RUNNING,
+                steps.c.name.in_(list(names)),
+                steps.c.lease_expires_at > db_now(),
+            )
+        )
+        with self.db.begin(self.tx, read=True) as conn:
+            return [(r, s, n, t) for r, s, n, t in conn.execute(stmt).all()]
+
     def step(self, run_id: str, step_id: str) -> StepRow | None:
         with self.db.begin(self.tx, read=True) as conn:
             return _first(StepRow, conn.execute(STEP_ROW, {"b_run": run_id, "b_step": step_id}))

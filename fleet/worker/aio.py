@@ -38,11 +38,15 @@ from fleet.worker.context import LeaseLost
 from fleet.worker.heartbeat import Heartbeat
 from fleet.worker.on_loop import OnLoop
 from fleet.worker.runtime import under_gevent
+from fleet.worker.watchdog import Awaiting, Watchdog
 
 log = logging.getLogger("fleet.attempt")
 
 # How often a waiting slot checks that the loop's thread is still alive.
 _ALIVE_CHECK = 1.0
+# How long a coroutine cancelled because its lease was lost has to end before its
+# attempt gives it up (logged) and gives back its slot.
+CANCEL_GRACE = 5.0
 
 
 class EventLoop:
@@ -54,6 +58,16 @@ class EventLoop:
         self._pid = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._threshold = 0.0  # the watchdog's (``watch``); 0: none
+        self.awaiting = Awaiting()  # the steps whose coroutines are on the loop
+
+    def watch(self, threshold: float) -> None:
+        """Have a watchdog log a line whenever the loop is held over ``threshold``
+        seconds (fleet/worker/watchdog.py), from the next loop made (each process
+        makes its own); the smallest asked for wins. 0: asks for none."""
+        with self._lock:
+            if threshold > 0 and (not self._threshold or threshold < self._threshold):
+                self._threshold = threshold
 
     def current(self) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
         """This process's loop and its thread, started if this process has none yet."""
@@ -68,6 +82,9 @@ class EventLoop:
                     target=_serve, args=(self._loop,), name="fleet-asyncio", daemon=True
                 )
                 self._thread.start()
+                self.awaiting = Awaiting()  # a forked child's: none of the parent's
+                if self._threshold:
+                    Watchdog(self._loop, self._thread, self._threshold, self.awaiting)
             assert self._thread is not None
             return self._loop, self._thread
 
@@ -77,7 +94,9 @@ class EventLoop:
         loop, thread = self.current()
         # The slot's context (its log context, the redactor of the secrets it reveals)
         # goes with the coroutine, named here rather than left to where the task is made.
-        call = _Call(coro, contextvars.copy_context())
+        lease = hb.lease
+        name = f"step {lease.step_id} of run {lease.run_id}"  # its task's: what logs show
+        call = _Call(coro, contextvars.copy_context(), name, self.awaiting)
         strand = strands.current()
         if isinstance(strand, OnLoop):
             return _run_on_loop(strand, call, hb, what)
@@ -119,12 +138,21 @@ class _Call:
     """One coroutine on the loop: its task, and its outcome for the waiting slot.
     ``start`` and ``cancel`` run on the loop's thread, in the order they were sent."""
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        context: contextvars.Context,
+        name: str,
+        awaiting: Awaiting,
+    ) -> None:
         self.coro = coro
         self.context = context
+        self.name = name
+        self.awaiting = awaiting
         self.done = threading.Event()
         self.task: asyncio.Task[Any] | None = None
         self.lost = False
+        self.swallowed = False  # it went on after fleet cancelled it (logged)
         self.value: Any = None
         self.error: BaseException | None = None
         # Called once ``done`` is set (from the loop's thread): wakes a parked greenlet.
@@ -132,27 +160,60 @@ class _Call:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
-            self.task = loop.create_task(_contained(self.coro), context=self.context)
+            self.task = loop.create_task(
+                _contained(self.coro), name=self.name, context=self.context
+            )
         except BaseException as exc:  # the slot must not wait for a task never made
             self.coro.close()
             self.error = exc
             self._set_done()
             return
+        self.awaiting.add(self, self.name)
         self.task.add_done_callback(self._finished)
 
     def cancel(self) -> None:
         if self.task is not None and not self.task.done():
             self.lost = True
             self.task.cancel()
+            self.task.get_loop().call_later(CANCEL_GRACE, self._unowned)
+
+    def _unowned(self) -> None:
+        """Its lease lost, the coroutine did not end when cancelled: it swallowed the
+        CancelledError (or its clean-up still awaits). It is left running on the loop,
+        owned by no attempt; its slot is given back (the attempt ends as lost)."""
+        if self.done.is_set():
+            return
+        self.swallowed = True
+        log.warning(
+            "%s did not end within %gs of being cancelled (its lease lost): it swallowed "
+            "the CancelledError; its coroutine is left running on the loop and its slot "
+            "is given back",
+            self.name,
+            CANCEL_GRACE,
+        )
+        self.awaiting.remove(self)
+        self._set_done()
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self.coro.close()  # a no-op once it ran; cancelled before it began: no warning
+        self.awaiting.remove(self)
+        if self.done.is_set():  # ended after it was given up (``_unowned``)
+            return
         if task.cancelled():
             self.error = asyncio.CancelledError()
         elif (exc := task.exception()) is not None:
             self.error = exc
         else:
             self.value = task.result()
+        if self.lost and not isinstance(self.error, asyncio.CancelledError):
+            self.swallowed = True
+            ended = "returned" if self.error is None else f"raised {type(self.error).__name__}"
+            log.warning(
+                "%s swallowed the CancelledError fleet sent when its lease was lost: it %s "
+                "instead (its write is fenced)",
+                self.name,
+                ended,
+            )
         self._set_done()
 
     def _set_done(self) -> None:
@@ -161,13 +222,14 @@ class _Call:
             self.wake()
 
     def outcome(self, hb: Heartbeat, what: str) -> Any:
-        if self.lost and self.error is not None:  # however the step let the cancel out
+        if self.lost:  # however the step let the cancel out, or did not
             lease = hb.lease
-            log.warning(
-                "step %s of run %s lost its lease while awaiting: its coroutine was cancelled",
-                lease.step_id,
-                lease.run_id,
-            )
+            if not self.swallowed:  # else one line said so already
+                log.warning(
+                    "step %s of run %s lost its lease while awaiting: its coroutine was cancelled",
+                    lease.step_id,
+                    lease.run_id,
+                )
             raise LeaseLost(
                 f"step {lease.step_id} of run {lease.run_id} lost its lease (epoch "
                 f"{lease.epoch}) while awaiting: its coroutine was cancelled"

@@ -193,6 +193,7 @@ def commit(att: Attempt, out: Output, claim: Claim[T] | None = None) -> T | None
     if not done:
         _log_fenced(att.lease)
         return None
+    _log_done(att.lease)
     return _sent(rt, kept)
 
 
@@ -203,6 +204,7 @@ def _commit_alone(att: Attempt, out: Output, claim: Claim[T] | None) -> T | None
     if not done:
         _log_fenced(att.lease)
         return None
+    _log_done(att.lease)
     replayed = replay_here(rt, att.run_id, done.snapshot) if _replays(done) else None
     return _sent(rt, _claimed(rt, replayed, claim))
 
@@ -244,6 +246,18 @@ def _commit_output(rt: Runtime, att: Attempt, out: Output) -> Committed:
         effect=att.sd.effect,
         snapshot=True,
         created_at=att.run.created_at,
+    )
+
+
+def _log_done(lease: Lease) -> None:
+    """The attempt's outcome when it committed (Celery's own line is silenced for
+    fleet's tasks, ``tasks.QuietSuccess``: it called failed attempts successes)."""
+    log.info(
+        "step %s of run %s done: attempt %d, epoch %d",
+        lease.step_id,
+        lease.run_id,
+        lease.attempt,
+        lease.epoch,
     )
 
 

@@ -15,16 +15,22 @@ The filesystem transport also had a race: kombu's own writes a message by creati
 its file in the queue folder and then filling it, and reads by moving any file it
 finds there, so a reader that comes between the two moves an empty file. Here a
 message is written to a side folder and renamed into the queue (atomic on one
-filesystem). Its folders are created owner-only, and created again if someone deletes
-them under a running worker.
+filesystem). A consumer takes a message by renaming its file into the taken folder
+(``processed``, beside the queue in the same owner-only broker folder: never through
+the system's temporary folder), reads it there without following a link, and deletes
+it. An entry of the queue folder that is not a regular file (a directory, a link, a
+FIFO named like a message) is skipped and logged once, left where it is. Its folders
+are created owner-only, and created again if someone deletes them under a running
+worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -47,6 +53,16 @@ REDIS_ALIAS = "fleetredis"
 
 # A file in the queue folder larger than this is not a message fleet sent.
 MAX_FILE_BYTES = 16 * 1024 * 1024
+# How many skipped entries of the queue folder a channel remembers (so logs once each).
+_SKIPPED_REMEMBERED = 1000
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+}
 
 
 def create_private_folders(*folders: Path) -> None:
@@ -123,11 +139,14 @@ class GuardedChannel:
 
 
 class FilesystemChannel(GuardedChannel, filesystem.Channel):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._skipped: set[str] = set()  # entries of the queue folder logged as skipped
+
     def _folders(self) -> list[Path]:
         folders = [Path(self.data_folder_in), Path(self.data_folder_out)]
         folders += [Path(self.control_folder), Path(self.data_folder_out).parent / "staging"]
-        if self.store_processed:
-            folders.append(Path(self.processed_folder))
+        folders.append(Path(self.processed_folder))  # where a consumer takes a message
         return folders
 
     def _recreate(self) -> None:
@@ -184,27 +203,69 @@ class FilesystemChannel(GuardedChannel, filesystem.Channel):
         for filename in names:
             if filename.partition(".")[2] != wanted:
                 continue
-            processed = self.processed_folder if self.store_processed else tempfile.gettempdir()
-            try:
-                shutil.move(os.path.join(self.data_folder_in, filename), processed)
-            except OSError:
-                continue  # another consumer took it first
-            message = self._read(str(queue), os.path.join(processed, filename))
+            taken = self._take(filename)
+            if taken is None:
+                continue
+            message = self._read(str(queue), taken)
             if message is not None:
                 return message
         raise Empty()
 
-    def _read(self, queue: str, path: str) -> Any:
+    def _take(self, filename: str) -> Path | None:
+        """Move the message file ``filename`` out of the queue into the taken folder (a
+        rename within the owner-only broker folder: atomic, so one consumer takes it);
+        None if it is not a regular file (skipped, logged once) or was taken first."""
+        source = Path(self.data_folder_in) / filename
+        try:
+            mode = os.lstat(source).st_mode
+        except FileNotFoundError:
+            return None  # another consumer took it first
+        if not stat.S_ISREG(mode):
+            self._not_a_file(source, mode)
+            return None
+        taken = Path(self.processed_folder) / filename
+        try:
+            os.rename(source, taken)
+        except FileNotFoundError:
+            if not taken.parent.is_dir():
+                self._recreate()  # the message is taken at the next poll
+            return None
+        except OSError as exc:
+            self._not_a_file(source, mode, exc.strerror)
+            return None
+        return taken
+
+    def _not_a_file(self, path: Path, mode: int, why: str | None = None) -> None:
+        """One line per entry of the queue folder that no consumer can take; it is
+        left where it is (never followed, never moved elsewhere)."""
+        if path.name in self._skipped:
+            return
+        if len(self._skipped) >= _SKIPPED_REMEMBERED:
+            self._skipped.clear()
+        self._skipped.add(path.name)
+        kind = why or _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        log.error(
+            "broker queue folder entry %s skipped: %s, not a message file; left where it is",
+            one_line(str(path), 300),
+            kind,
+        )
+
+    def _read(self, queue: str, path: Path) -> Any:
         """The message in the file this consumer took; None if it was not one (set aside)."""
         try:
-            with open(path, "rb") as f:
+            # Never a link followed, nor a FIFO waited on: a regular file, or set aside.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise IsADirectoryError(0, "not a regular file")
                 payload = f.read(MAX_FILE_BYTES + 1)
         except OSError as exc:
             self.set_aside(queue, f"unreadable message file ({exc.strerror})", b"")
             return None
         finally:
             if not self.store_processed:
-                Path(path).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
         if len(payload) > MAX_FILE_BYTES:
             self.set_aside(queue, f"message file over {MAX_FILE_BYTES} bytes", payload)
             return None
@@ -219,6 +280,13 @@ class FilesystemChannel(GuardedChannel, filesystem.Channel):
 
 class FilesystemTransport(filesystem.Transport):
     Channel = FilesystemChannel
+
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        # A folder has no host: kombu's virtual transports default to "localhost", and
+        # every connection made from the URL (one per pooled producer) logged
+        # "No hostname was supplied. Reverting to default 'localhost'" for it.
+        return {}
 
 
 class RedisChannel(GuardedChannel, redis.Channel):

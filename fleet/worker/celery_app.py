@@ -21,7 +21,7 @@ from fleet.worker.envelope import SINK_OPTION
 
 
 def broker_folders(folder: Path) -> tuple[Path, Path, Path]:
-    """The filesystem transport's folders: messages, processed messages, bindings."""
+    """The filesystem transport's folders: messages, messages being taken, bindings."""
     return folder / "queue", folder / "processed", folder / "control"
 
 

@@ -56,6 +56,7 @@ from fleet.store.rows import RunRow, StepRow
 from fleet.worker import strands
 from fleet.worker.context import Attempt
 from fleet.worker.failures import countdown_limit
+from fleet.worker.limit_flush import held_by
 from fleet.worker.limiter import RedisLimits
 from fleet.worker.replay import step_shadow
 from fleet.worker.runtime import Runtime
@@ -112,7 +113,7 @@ def limiter(rt: Runtime) -> Limiter:
             if found is None:
                 url = rt.settings.broker_url
                 redis = url.startswith(("redis://", "rediss://"))
-                found = RedisLimits(url) if redis else LimitStore(rt.db)
+                found = RedisLimits(url, held_by(rt)) if redis else LimitStore(rt.db)
                 _limiters[rt] = found
     return found
 

@@ -12,11 +12,13 @@ tenant), ``paused`` (until when a provider's 429 closed it). A rated limit is pa
 same ``events`` fill a bucket that drains at its rate (``fleet.limits.pace``). Times
 are Redis's clock (``TIME``), in milliseconds, so workers' clocks do not matter. The
 keys are made in the scripts from the limit keys given (one Redis, not a cluster).
+After a flush, held slots are made again from the store first (``limit_flush.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from fleet.limits import (
@@ -31,11 +33,17 @@ from fleet.limits import (
     look_again,
     pace,
 )
+from fleet.worker.limit_flush import RESTORE, Held, answered
+from fleet.worker.limit_flush import holder as _holder
+from fleet.worker.limit_flush import text as _text
+from fleet.worker.limit_reads import USES, WAITING_ON
 
 _PRELUDE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function k(key, part) return 'fleet:limit:' .. key .. ':' .. part end
+local function mine(key, h, tok) -- tok's, or made again after a flush (limit_flush.RESTORED)
+  local o = redis.call('HGET', k(key, 'owners'), h); return o == tok or o == '?' end
 """
 
 # ARGV: holder, token, ttl ms, window ms (an event counts this long: with its margin),
@@ -57,6 +65,9 @@ for i = 11, #ARGV, 8 do
   wants[#wants + 1] = {ARGV[i], tonumber(ARGV[i+1]), tonumber(ARGV[i+2]),
                        tonumber(ARGV[i+3]), tonumber(ARGV[i+4]), ARGV[i+5],
                        tonumber(ARGV[i+6]), tonumber(ARGV[i+7])}
+  if wants[#wants][2] >= 0 and redis.call('EXISTS', 'fleet:limits:alive') == 0 then
+    return {ARGV[i], 0, 'restore', -1}
+  end
 end
 local function drop(zset, hashes, upto)
   local gone = redis.call('ZRANGEBYSCORE', zset, '-inf', upto)
@@ -235,27 +246,14 @@ return 0
 """
 )
 
-# ARGV: run, fresh ms: {step, "due why key"} of the run's steps still waiting.
-_WAITING_ON = (
-    _PRELUDE
-    + """
-local out = {}
-local all = redis.call('HGETALL', 'fleet:waiting:' .. ARGV[1])
-for i = 1, #all, 2 do
-  local due = tonumber(string.match(all[i + 1], '^(%d+)'))
-  if due > now - tonumber(ARGV[2]) then out[#out + 1] = {all[i], all[i + 1]} end
-end
-return out
-"""
-)
-
 # ARGV: holder, token, ttl ms, keys...: renew the holder's slots it still owns.
 _RENEW = (
     _PRELUDE
     + """
 local n = 0
 for i = 4, #ARGV do
-  if redis.call('HGET', k(ARGV[i], 'owners'), ARGV[1]) == ARGV[2] then
+  if mine(ARGV[i], ARGV[1], ARGV[2]) then
+    redis.call('HSET', k(ARGV[i], 'owners'), ARGV[1], ARGV[2])
     n = n + redis.call('ZADD', k(ARGV[i], 'slots'), 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[1])
   end
 end
@@ -273,7 +271,7 @@ local fresh, early, n = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local woken = {}
 for i = 7, 6 + n do
   local key = ARGV[i]
-  if redis.call('HGET', k(key, 'owners'), holder) == token then
+  if mine(key, holder, token) then
     redis.call('ZREM', k(key, 'slots'), holder)
     redis.call('HDEL', k(key, 'owners'), holder)
     -- The first still asleep: one already woken (or about to come) has its slot.
@@ -310,28 +308,6 @@ return 0
 """
 )
 
-# ARGV: window ms, fresh ms, keys...: {running, requests, tokens, waiting, paused ms} each.
-_USES = (
-    _PRELUDE
-    + """
-local out = {}
-for i = 3, #ARGV do
-  local key = ARGV[i]
-  local sum = 0
-  local live = redis.call('ZRANGEBYSCORE', k(key, 'events'), now - tonumber(ARGV[1]), '+inf')
-  for _, tok in ipairs(live) do
-    sum = sum + tonumber(redis.call('HGET', k(key, 'tokens'), tok) or '0')
-  end
-  local paused = tonumber(redis.call('GET', k(key, 'paused')) or '0')
-  out[#out + 1] = {
-    redis.call('ZCOUNT', k(key, 'slots'), now, '+inf'), #live, sum,
-    redis.call('ZCOUNT', k(key, 'due'), now - tonumber(ARGV[2]), '+inf'),
-    math.max(0, paused - now)}
-end
-return out
-"""
-)
-
 
 def _ms(seconds: float) -> int:
     return max(0, int(seconds * 1000))
@@ -340,17 +316,18 @@ def _ms(seconds: float) -> int:
 class RedisLimits:
     """The limiter on the broker's Redis: the same methods as ``LimitStore``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, held: Held | None = None) -> None:
         import redis
 
         self.redis = redis.Redis.from_url(url)
+        self._held, self._restore = held, self.redis.register_script(RESTORE)
         self._acquire = self.redis.register_script(_ACQUIRE)
         self._wait = self.redis.register_script(_WAIT)
         self._renew = self.redis.register_script(_RENEW)
         self._release = self.redis.register_script(_RELEASE)
         self._pause = self.redis.register_script(_PAUSE)
-        self._uses = self.redis.register_script(_USES)
-        self._waiting_on = self.redis.register_script(_WAITING_ON)
+        self._uses = self.redis.register_script(_PRELUDE + USES)
+        self._waiting_on = self.redis.register_script(_PRELUDE + WAITING_ON)
 
     def acquire(
         self,
@@ -377,7 +354,7 @@ class RedisLimits:
                 w.tenant,
                 *(_or_none(v) for v in (rate.requests, rate.tokens)),
             ]
-        found = self._acquire(args=args)
+        found = answered(partial(self._acquire, args=args), self._restore, self._held, _ms(ttl))
         if found == 0:
             return None
         key, wait_ms, why, due, *woken = found
@@ -432,10 +409,6 @@ class RedisLimits:
         return sorted(k for k in known if k.startswith(prefix + "#"))
 
 
-def _holder(run_id: str, step_id: str) -> str:
-    return f"{run_id}\x1f{step_id}"
-
-
 def _steps(holders: Sequence[Any]) -> tuple[tuple[str, str], ...]:
     """(run id, step id) of each holder named, once each."""
     pairs = (_text(h).split("\x1f", 1) for h in holders)
@@ -444,7 +417,3 @@ def _steps(holders: Sequence[Any]) -> tuple[tuple[str, str], ...]:
 
 def _or_none(value: int | None) -> int:
     return -1 if value is None else int(value)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

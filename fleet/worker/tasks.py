@@ -8,6 +8,8 @@ import threading
 from typing import Any
 
 from celery import Celery
+from celery.app import trace
+from celery.app.trace import LOG_SUCCESS
 from celery.signals import celeryd_after_setup, worker_shutdown, worker_shutting_down
 
 from fleet.states import Incident
@@ -136,6 +138,35 @@ def _drain_strands(**_: Any) -> None:
     proc.strands.drain(grace)
 
 
+class QuietSuccess(logging.Filter):
+    """Drops Celery's "Task … succeeded in …s: None" line for fleet's tasks. A fleet
+    task returns None however the attempts it ran ended (a failure is retried or
+    dead-lettered by fleet itself), so the line called a failed attempt a success;
+    fleet logs each attempt's outcome (done, retry, dead letter, fenced) instead.
+    Another app's tasks in the same process keep theirs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg is not LOG_SUCCESS:
+            return True
+        data = getattr(record, "data", None)
+        name = data.get("name") if isinstance(data, dict) else None
+        return not (isinstance(name, str) and _fleets(name))
+
+
+def _fleets(task: str) -> bool:
+    """Whether ``task`` (a name or the shadow a message gave it) is one of fleet's."""
+    if task in (ADVANCE, EXECUTE) or task.startswith("advance:"):
+        return True
+    return any(
+        task.startswith(f"{workflow}.")
+        for rt in process.current().runtimes()
+        for workflow in rt.registry.workflows
+    )
+
+
+_QUIET = QuietSuccess()
+
+
 def register(celery: Celery, rt: Runtime) -> None:
     """Bind the tasks to this app only (``shared=False``): Celery's default would bind
     them to every app in the process, so a second Fleet's tasks would reach the first
@@ -147,6 +178,10 @@ def register(celery: Celery, rt: Runtime) -> None:
         rt.ledger.incident(Incident.MALFORMED_MESSAGE, None, detail=detail)
 
     process.current().register(rt, celery)
+    process.current().loop.watch(rt.settings.loop_watchdog)
+    trace_log = logging.getLogger(trace.__name__)
+    if _QUIET not in trace_log.filters:
+        trace_log.addFilter(_QUIET)
     # One handler each per process, whatever the number of Fleets (``dispatch_uid``).
     worker_shutting_down.connect(_on_shutdown, weak=False, dispatch_uid="fleet.shutdown")
     celeryd_after_setup.connect(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from fleet import Fleet, RunFailed
+from fleet.testing import FleetProcess
 from tests.harness import Backend, Cluster, executions, find_event, poll, starts
 from tests.provider import provider_calls
 
@@ -226,3 +227,55 @@ def test_an_async_step_on_a_gevent_worker_is_refused_in_one_line(
         "NonRetryable: step 'anap' is `async def`, which a gevent pool cannot run: "
         "run its worker with --pool threads or prefork"
     )
+
+
+# --- misbehaving async steps (issue 48, item 11) -----------------------------------------
+
+
+def _lines(worker: FleetProcess, *parts: str) -> list[str]:
+    return [line for line in worker.output().splitlines() if all(p in line for p in parts)]
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_step_blocking_the_loop_is_named_in_one_warning_line(
+    backend: Backend, client: Fleet, cluster: Cluster, pool: str
+) -> None:
+    worker = cluster.worker("w1", concurrency=2, pool=pool)
+    run = client.enqueue("async_blocking", 3.0)
+    assert run.wait(timeout=60) == "ablock#1"
+    held = _lines(worker, "event loop held over 1.0s")
+    assert len(held) == 1, worker.output()[-3000:]
+    assert f"by step ablock#1 of run {run.id}: an `async def` step must not block" in held[0]
+    assert "WARNING" in held[0]
+
+
+# The worker's one slot (threads with every async attempt on its slot, or prefork) or its
+# one place off the slots (FLEET_ASYNC_AWAITING=1): a coroutine that swallows its cancel
+# must not keep it.
+@pytest.mark.parametrize(
+    ("pool", "awaiting"), [("threads", "0"), ("prefork", ""), ("threads", "1")]
+)
+def test_a_step_swallowing_its_cancel_is_logged_and_gives_its_slot_back(
+    backend: Backend, client: Fleet, cluster: Cluster, pool: str, awaiting: str
+) -> None:
+    if awaiting:
+        backend.extra_env["FLEET_ASYNC_AWAITING"] = awaiting
+    worker = cluster.worker("w1", concurrency=1, pool=pool)
+    cluster.sweeper()
+    stuck = client.enqueue("async_swallowing")
+    poll(lambda: find_event(backend, stuck.id, "aswallow#1", "start"), 30, "aswallow to start")
+    assert client.cancel(stuck.id, "no longer needed")
+    poll(lambda: find_event(backend, stuck.id, "aswallow#1", "swallowed"), 10, "the cancel")
+
+    later = client.enqueue("async_chain", 2)
+    assert later.wait(timeout=60) == 0 + 1, "a later async step still got a slot"
+    name = f"step aswallow#1 of run {stuck.id}"
+    poll(lambda: _lines(worker, name, "swallowed"), 15, "the line saying it swallowed it")
+    lines = _lines(worker, name)
+    swallowed = [line for line in lines if "swallowed the CancelledError" in line]
+    assert len(swallowed) == 1, worker.output()[-3000:]
+    assert "did not end within 5s of being cancelled" in swallowed[0]
+    assert not [line for line in lines if "lost its lease while awaiting" in line], "one line"
+    assert stuck.status() == "cancelled"
+    worker.stop()  # a warm shutdown: nothing left off the slots to wait for
+    assert "async attempt(s) off the slots" not in worker.output()

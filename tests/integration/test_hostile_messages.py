@@ -215,6 +215,37 @@ def test_the_broker_folder_deleted_under_a_running_worker(
     assert "FileNotFoundError" not in worker.output()
 
 
+def test_entries_of_the_queue_folder_that_are_not_files_are_skipped_once_each(
+    backend: Backend, client: Fleet, cluster: Cluster
+) -> None:
+    """A directory, a link and a FIFO named like messages: the worker neither dies, nor
+    follows the link, nor moves anything out of the broker folder (issue 48, item 12)."""
+    if backend.kind != "sqlite":
+        pytest.skip("the filesystem transport's folder")
+    queue = backend.workdir / "broker" / "queue"
+    secret = backend.workdir / "outside.json"
+    secret.write_text(json.dumps(envelope("fleet.advance", ["not-from-the-queue"])))
+    entries = {name: queue / f"1_{uuid.uuid4()}.{QUEUE}.msg" for name in ("dir", "link", "fifo")}
+    entries["dir"].mkdir()
+    entries["link"].symlink_to(secret)
+    os.mkfifo(entries["fifo"])
+    temp = backend.workdir / "temp"
+    temp.mkdir()
+    backend.extra_env["TMPDIR"] = str(temp)
+    worker = cluster.worker("w1")
+    assert_still_working(client, worker)
+    assert_still_working(client, worker)  # many polls later: still one line each
+    skipped = [line for line in worker.output().splitlines() if "entry" in line]
+    for kind, path in (("a directory", "dir"), ("a symbolic link", "link"), ("a FIFO", "fifo")):
+        assert sum(entries[path].name in line for line in skipped) == 1, worker.output()[-3000:]
+        assert any(f"skipped: {kind}" in line for line in skipped)
+        assert os.path.lexists(entries[path]), "left where it was"
+    assert len(skipped) == 3
+    assert list(temp.iterdir()) == [], "nothing moved through the system's temp folder"
+    assert dead_count(client) == 0, "the link's target was never read"
+    assert "IsADirectoryError" not in worker.output()
+
+
 # --- the operator's surface -----------------------------------------------------------
 
 

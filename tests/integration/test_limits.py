@@ -119,6 +119,35 @@ def test_a_worker_killed_holding_a_slot_gives_it_back_when_its_lease_lapses(
     assert most_at_once(lived) == {"solo": 1}
 
 
+def test_a_redis_flush_while_a_slot_is_held_lets_no_second_step_in(
+    backend: Backend, lclient: Fleet, cluster: Cluster
+) -> None:
+    """Issue 48, item 14: FLUSHDB of the limiter's Redis while "solo" (concurrency 1) is
+    held. The held slot is made again from the store's leases before anyone is let in:
+    a second run's call starts only once the first has ended."""
+    if backend.kind != "postgres":
+        pytest.skip("the Redis limiter (the embedded default's limits are in the store)")
+    cluster.worker("w1", concurrency=2, app=APP)
+    cluster.worker("w2", concurrency=2, app=APP)
+    cluster.sweeper()
+    first = lclient.enqueue("solo", 0, 4.0)
+    poll(lambda: any(e["run"] == first.id for e in calls(backend)), 30, "the first call")
+    backend.flush_broker()  # FLUSHDB of the workers' Redis database: the limiter's too
+    second = lclient.enqueue("solo", 1, 0.0)
+    assert second.wait(timeout=60) == "solo-1"
+    assert first.wait(timeout=60) == "solo-0"
+    events = calls(backend)
+    assert most_at_once(events) == {"solo": 1}, "the two calls never overlapped"
+    first_exit = next(e for e in events if e["run"] == first.id and e["event"] == "exit")
+    second_enter = next(e for e in events if e["run"] == second.id and e["event"] == "enter")
+    assert second_enter["t"] >= first_exit["t"]
+    poll(
+        lambda: {u.key: u.running for u in gate.uses(lclient.runtime)}.get("solo") == 0,
+        10,
+        "the restored slot to be given back",
+    )
+
+
 def test_a_429_closes_the_limit_for_every_worker_and_the_step_dies_at_its_cap(
     backend: Backend, lclient: Fleet, cluster: Cluster
 ) -> None:

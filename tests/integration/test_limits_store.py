@@ -360,3 +360,29 @@ def test_a_call_that_never_reached_the_provider_is_taken_out(lim: Any) -> None:
     assert (use.requests, use.tokens) == (1, 10)
     lim.release([], ["both"], "run", "unsent", "tok-unsent", NO_REQUEST)  # twice: nothing
     assert (lim.uses(["both"])[0].requests, lim.uses(["both"])[0].tokens) == (1, 10)
+
+
+def test_redis_flushed_under_a_held_slot_restores_it_before_anyone_is_let_in() -> None:
+    """Issue 48, item 14: the slots the store says are held come back before the next
+    decision; the holder's delivery claims its restored slot, renews and gives it back."""
+    import redis
+
+    r = redis.Redis(REDIS_HOST, REDIS_PORT, db=REDIS_DB)
+    r.flushdb()
+    held: list[tuple[str, str, str]] = []
+    lim = RedisLimits(f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}", lambda: list(held))
+    one = conc("flushed", 1)
+    assert take(lim, [one], "s1") is None
+    held.append(("flushed", "run", "s1"))  # s1 runs under its lease, as the store says
+    r.flushdb()
+    no = take(lim, [one], "s2")
+    assert isinstance(no, Throttled) and no.why == "concurrency", "s1's slot came back first"
+    dup = take(lim, [one], "s1", token="another delivery")
+    assert isinstance(dup, Throttled) and dup.why == "held"
+    lim.renew(["flushed"], "run", "s1", "tok-s1", TTL)  # s1's delivery claims its slot
+    lim.release(["flushed"], [], "run", "s1", "another delivery", None)  # not its: nothing
+    assert isinstance(take(lim, [one], "s2"), Throttled)
+    lim.release(["flushed"], [], "run", "s1", "tok-s1", None)
+    held.clear()
+    assert take(lim, [one], "s2") is None
+    assert lim.uses(["flushed"])[0].running == 1

@@ -20,7 +20,7 @@ import pytest
 from fleet import BadInput, Fleet, NonRetryable, Retry, Settings
 from fleet.secrets import current_redactor, redacting
 from fleet.store.ledger import Lease
-from fleet.worker import process
+from fleet.worker import aio, process
 from fleet.worker.aio import EventLoop, Runner
 from fleet.worker.context import LeaseLost
 from fleet.worker.heartbeat import Heartbeat
@@ -133,6 +133,71 @@ def test_a_lost_lease_cancels_the_awaiting_coroutine_at_once() -> None:
         took = time.monotonic() - began
     assert cancelled.is_set(), "the coroutine saw its cancellation"
     assert took < 1.0, f"cancelled {took:.2f} s after it started (renewals every 0.05 s)"
+
+
+@pytest.mark.parametrize("how", ["returns", "never ends"])
+def test_a_coroutine_swallowing_its_cancel_is_named_once_and_gives_its_slot_back(
+    how: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(aio, "CANCEL_GRACE", 0.3)
+    ledger = FakeLedger()
+    stop = threading.Event()
+
+    async def deaf() -> str:
+        while not stop.is_set():
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                if how == "returns":
+                    return "swallowed"
+        return "stopped"
+
+    try:
+        with _heartbeat(ledger, "deaf#1", lease=0.15) as hb:
+            threading.Timer(0.2, lambda: setattr(ledger, "answer", False)).start()
+            with pytest.raises(LeaseLost, match="deaf#1 of run run lost its lease"):
+                _runner(hb)(deaf)
+    finally:
+        stop.set()  # the one left running on the loop ends with the test
+    named = [r.getMessage() for r in caplog.records if "deaf#1" in r.getMessage()]
+    assert not [line for line in named if "while awaiting" in line], "one line, not two"
+    lines = [line for line in named if "swallowed" in line]
+    assert len(lines) == 1, named
+    if how == "returns":
+        assert lines[0] == (
+            "step deaf#1 of run run swallowed the CancelledError fleet sent when its lease "
+            "was lost: it returned instead (its write is fenced)"
+        )
+    else:
+        assert "did not end within 0.3s of being cancelled (its lease lost)" in lines[0]
+        assert "its slot is given back" in lines[0]
+    assert "step deaf#1 of run run" not in _PROC.loop.awaiting.names()
+
+
+def test_the_watchdog_names_the_step_holding_the_loop_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = EventLoop()
+    loop.watch(0.2)
+
+    async def blocking() -> int:
+        time.sleep(0.8)
+        return 1
+
+    async def polite() -> int:
+        await asyncio.sleep(0.05)
+        return 2
+
+    with _heartbeat(FakeLedger(), "block#1") as hb:
+        assert Runner(loop, hb, "block")(blocking) == 1
+        assert Runner(loop, hb, "polite")(polite) == 2
+        # The watchdog looks every 0.05 s: long enough for a second line, if it wrote one.
+        time.sleep(0.3)
+    held = [r for r in caplog.records if "event loop held" in r.getMessage()]
+    assert len(held) == 1, [r.getMessage() for r in held]
+    assert held[0].levelname == "WARNING"
+    line = held[0].getMessage()
+    assert line.startswith("event loop held over 0.2s by step block#1 of run run: an `async")
 
 
 def test_a_lease_already_lost_cancels_the_coroutine_as_it_starts() -> None:

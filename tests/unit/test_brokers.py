@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,3 +89,19 @@ def test_a_bad_message_the_store_cannot_take_is_logged_and_dropped(
     assert list((tmp_path / "broker" / "queue").iterdir()) == []
     [line] = [r.getMessage() for r in caplog.records if "bad message" in r.getMessage()]
     assert "dropped (the store could not take it" in line and len(line) < 1000
+
+
+def test_a_message_is_taken_within_the_broker_folder_never_through_the_temp_folder(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No system temp folder at all: a message moved through it would be lost.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-temp-folder"))
+    assert fleet.runtime.dispatcher.advance("run-3", "fleet")
+    got: list[Any] = []
+    with fleet.celery.connection_for_read() as conn:
+        drain(conn, lambda body, message: (got.append(body), message.ack()))
+    assert [b[0] for b in got] == [["run-3"]]
+    assert fleet.dead_messages() == []
+    assert not (tmp_path / "no-such-temp-folder").exists()
+    taken = tmp_path / "broker" / "processed"
+    assert taken.stat().st_mode & 0o777 == 0o700 and list(taken.iterdir()) == []

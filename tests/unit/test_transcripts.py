@@ -95,9 +95,35 @@ def test_same_keeps_json_types_apart_and_ignores_key_order() -> None:
 def test_summary_messages_takes_a_message_a_list_or_a_string() -> None:
     assert summary_messages("gist") == [{"role": "system", "content": "gist"}]
     assert summary_messages({"role": "user", "content": "x"}) == [{"role": "user", "content": "x"}]
-    assert summary_messages([{"a": 1}]) == [{"a": 1}]
+    calls = {"role": "assistant", "tool_calls": [{"id": "a"}]}
+    assert summary_messages([calls]) == [calls]
     with pytest.raises(PayloadError, match="returned int"):
         summary_messages(3)
+
+
+@pytest.mark.parametrize(
+    ("summary", "wrong"),
+    [
+        (
+            {"not": "a message", "role": 42},
+            "summary is not a message: its role must be a string, one of assistant, "
+            "developer, function, system, tool, user (found int 42)",
+        ),
+        ([{"a": 1}], "summary message 0 is not a message: its role must be a string"),
+        (
+            [{"role": "system", "content": "x"}, {"role": "wizard", "content": "y"}],
+            "summary message 1 is not a message: role 'wizard' is not one of",
+        ),
+        ({"role": "user"}, "summary is not a message: a user message needs a content"),
+    ],
+)
+def test_a_summary_that_is_not_messages_is_refused_naming_what_is_wrong(
+    summary: Any, wrong: str
+) -> None:
+    with pytest.raises(PayloadError) as refused:
+        summary_messages(summary)
+    assert str(refused.value).startswith("a compaction's " + wrong)
+    assert "\n" not in str(refused.value)
 
 
 def test_messages_is_a_read_only_sequence_that_loads_only_what_is_asked() -> None:
@@ -216,6 +242,34 @@ def test_a_large_message_goes_by_reference_and_an_oversize_one_fails_the_run_in_
 @app.step
 def count(ctx: StepContext, messages: Any) -> str:
     return f"{len(messages)} messages"
+
+
+@app.step
+def not_a_summary(ctx: StepContext, messages: Any) -> dict[str, Any]:
+    return {"not": "a message", "role": 42}
+
+
+@app.workflow
+def compacts_badly(wf: WorkflowContext) -> list[Any]:
+    chat = wf.transcript()
+    chat.append({"role": "user", "content": "go"})
+    chat.append({"role": "assistant", "content": "went"})
+    return wf.compact(chat, not_a_summary, keep_last=1)
+
+
+def test_a_compaction_whose_summary_is_not_a_message_fails_the_run_in_one_line(
+    tmp_path: Path,
+) -> None:
+    fleet, broker = _inline(tmp_path)
+    run = fleet.enqueue("compacts_badly")
+    broker.drain()
+    with pytest.raises(RunFailed) as failed:
+        run.wait(timeout=0)
+    error = str(failed.value)
+    assert "PayloadError: a compaction's summary is not a message: its role must be" in error
+    assert "(found int 42)" in error and "\n" not in error
+    # Nothing recorded is lost: the raw messages stay.
+    assert [m["content"] for m in fleet.transcript(run.id).raw()] == ["go", "went"]
 
 
 @app.workflow
