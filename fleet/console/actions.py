@@ -25,9 +25,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from fleet import codec
+from fleet.bounds import whole
 from fleet.console.letters import find
 from fleet.console.pages import positive
-from fleet.console.render import Console, Refused, flash_query, page, path, root
+from fleet.console.render import Console, Refused, flash_query, no_nul, page, path, root
 from fleet.errors import BadInput, PayloadError
 from fleet.registry import check_name
 from fleet.states import Decision, RunStatus, StepKind, StepStatus
@@ -168,11 +169,7 @@ def prepare_resolve(c: Console, form: Form, user: str) -> Plan:
 def prepare_raise_budget(c: Console, form: Form, user: str) -> Plan:
     run_id = form.get("run_id", "")
     tokens_text = form.get("tokens", "").strip()
-    tokens = None
-    if tokens_text:
-        if not (tokens_text.isascii() and tokens_text.isdigit()) or int(tokens_text) < 1:
-            raise Refused(400, f"tokens must be a whole number of 1 or more, got {tokens_text!r}")
-        tokens = int(tokens_text)
+    tokens = whole(tokens_text, "tokens", low=1) if tokens_text else None
     cost = positive(form.get("cost", ""), "cost")
     if tokens is None and cost is None:
         raise Refused(400, "give a new token budget, a new cost budget, or both")
@@ -282,6 +279,7 @@ def endpoint(c: Console) -> Callable[[Request], Any]:
         form = {k: v for k, v in raw.items() if isinstance(v, str)}
         if not c.auth.csrf_ok(user, form.get("csrf", "")):
             raise Refused(403, "this form is stale or not from this console: reload the page")
+        no_nul(form, "form field")
         plan = await run_in_threadpool(prepare, c, form, user)
         why = form.get("why", "").strip()
         if form.get("confirm") != "yes":

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from fleet.console.render import Console, Refused, page, path, root
+from fleet.console.render import Console, Refused, no_nul, page, path, root
 from fleet.durations import parse_duration
 from fleet.errors import BadInput
 from fleet.states import RunStatus
@@ -29,10 +29,18 @@ def handler(c: Console, fn: Callable[[Console, Request], Response]) -> Callable[
     """An endpoint running ``fn(console, request)`` off the event loop."""
 
     async def endpoint(request: Request) -> Response:
+        checked(request)
         return await run_in_threadpool(fn, c, request)
 
     endpoint.__name__ = fn.__name__
     return endpoint
+
+
+def checked(request: Request) -> None:
+    """A request's path segments and query parameters, refused (400) if any holds a
+    NUL byte."""
+    no_nul(request.path_params, "path segment")
+    no_nul(request.query_params, "query parameter")
 
 
 def _moment(text: str, name: str) -> tuple[str, float]:

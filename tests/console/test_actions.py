@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from fleet import Fleet
-from tests.console.conftest import Web, error_line
+from tests.console.conftest import Web, error_line, parked_on_budget
 from tests.console.dom import parse
 from tests.harness import Cluster, InlineBroker, poll
 
@@ -104,7 +104,7 @@ def test_refusals_are_one_line_and_change_nothing(
             "raise-budget",
             {"run_id": "live", "tokens": "lots"},
             400,
-            "tokens must be a whole number of 1 or more",
+            "tokens must be a whole number, got 'lots'",
         ),
         ("raise-budget", {"run_id": "live"}, 400, "give a new token budget"),
         (
@@ -189,9 +189,7 @@ def test_reject_and_signal_send_the_payload(web: Web, client: Fleet, inline: Inl
 def test_raise_budget_lets_a_parked_run_go_on(
     web: Web, client: Fleet, inline: InlineBroker
 ) -> None:
-    run = client.enqueue("chain", 6, run_id="b1", budget={"tokens": 33})
-    inline.drain()
-    assert run.status() == "needs_decision"
+    run = parked_on_budget(client, inline.drain, "b1")
     doc = web.page("/runs/b1")
     assert doc.by_id("raise-budget").get("action") == "/actions/raise-budget"
     page = web.act("raise-budget", run_id="b1", tokens="1000", why="worth it")
