@@ -34,6 +34,8 @@ def app(
     *,
     auth: str | None = None,
     proxy_header: str | None = None,
+    trusted_proxies: str | None = None,
+    host: str | None = None,
     no_auth: bool = False,
     secret: str | None = None,
     live_interval: float = 1.0,
@@ -43,14 +45,24 @@ def app(
 
     ``auth`` is ``user:password[,user2:pw2]`` for HTTP basic (default
     ``FLEET_CONSOLE_AUTH``); ``proxy_header`` the header a trusted reverse proxy sets
-    to the user (default ``FLEET_CONSOLE_PROXY_HEADER``); with neither, ``no_auth``
-    must be given (everyone is "anonymous"), else ``BadInput``. ``secret`` signs the
+    to the user (default ``FLEET_CONSOLE_PROXY_HEADER``), taken only from a request
+    whose peer address is in ``trusted_proxies`` (IPs or CIDR networks, comma-separated;
+    default ``FLEET_CONSOLE_TRUSTED_PROXIES``, else loopback only); ``host``, the
+    address the app is served on, if known: off loopback, a proxy header without
+    trusted proxies is ``BadInput``. With neither auth nor header, ``no_auth`` must be
+    given (everyone is "anonymous"), else ``BadInput``. ``secret`` signs the
     forms (default ``FLEET_CONSOLE_SECRET``, else random per process). Live pages ask
     the store every ``live_interval`` seconds per run or list watched, however many
     browsers watch; an event stream ends after ``stream_seconds`` (browsers reconnect).
     """
     who = Auth.configure(
-        fleet.settings, auth=auth, proxy_header=proxy_header, no_auth=no_auth, secret=secret
+        fleet.settings,
+        auth=auth,
+        proxy_header=proxy_header,
+        no_auth=no_auth,
+        secret=secret,
+        trusted_proxies=trusted_proxies,
+        host=host,
     )
     console = Console(fleet, who, live.Hub(live_interval), stream_seconds)
     web = Starlette(
