@@ -26,7 +26,7 @@ from starlette.responses import RedirectResponse, Response
 
 from fleet import codec
 from fleet.bounds import whole
-from fleet.console.letters import find
+from fleet.console.letters import find, from_recorded, unchanged
 from fleet.console.pages import positive
 from fleet.console.render import Console, Refused, flash_query, no_nul, page, path, root
 from fleet.errors import BadInput, PayloadError
@@ -192,11 +192,14 @@ def prepare_replay(c: Console, form: Form, user: str) -> Plan:
     text = form.get("input", "")
     edited: Any = None
     if text.strip():
-        edited = _json(text, "input")
+        # As the page shows it: the store's JSON, secrets as their markers.
+        edited = from_recorded(text)
         if not isinstance(edited, (list, dict)):
             raise Refused(
                 400, 'input must be a JSON list of arguments or {"args": [...], "kwargs": {...}}'
             )
+        if unchanged(edited, letter):  # sent back as shown: replayed as recorded
+            edited = None
     if letter.replayed_at is not None:
         raise Refused(409, f"dead letter {letter.id} was already replayed")
 

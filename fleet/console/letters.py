@@ -1,13 +1,24 @@
 """Dead letters (GET): the list, filtered by workflow and run, with a form to replay
 every matching one at a rate; one letter with its error, traceback and input, the
-input editable in the page before it is replayed (``/actions/replay``)."""
+input editable in the page before it is replayed (``/actions/replay``).
+
+The input is edited as the store records it (``fleet.codec``): a secret is its marker
+``{"$fleet_secret": "NAME"}``, never its value nor its repr, so it goes back a secret;
+an input sent back as it was shown replays the letter as recorded.
+"""
 
 from __future__ import annotations
+
+import json
+import sys
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from fleet import codec
 from fleet.console.render import Console, Refused, page
+from fleet.errors import PayloadError
 from fleet.records import DeadLetterInfo
 
 # The list shows the newest this many (a filter narrows it).
@@ -29,6 +40,27 @@ def find(c: Console, text: str) -> DeadLetterInfo:
     return DeadLetterInfo.from_row(row, c.fleet.runtime.payloads.load)
 
 
+def recorded(value: Any) -> str:
+    """``value`` as the store records it (secrets as their markers), indented."""
+    text = codec.encode(value, what="input", limit=sys.maxsize)
+    return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+
+
+def from_recorded(text: str) -> Any:
+    """A value edited as ``recorded`` shows it: JSON (bounded as every form's,
+    ``codec.parse_json_arg``) read as the store reads it (markers become secrets)."""
+    try:
+        codec.parse_json_arg(text, what="input")
+        return codec.decode(text)
+    except PayloadError as exc:
+        raise Refused(400, str(exc)) from None
+
+
+def unchanged(value: Any, letter: DeadLetterInfo) -> bool:
+    """Whether ``value`` is the letter's input as recorded (``1`` is not ``true``)."""
+    return letter.input is not None and recorded(value) == recorded(letter.input)
+
+
 def index(c: Console, request: Request) -> Response:
     workflow = request.query_params.get("workflow", "").strip()
     run = request.query_params.get("run", "").strip()
@@ -48,4 +80,12 @@ def index(c: Console, request: Request) -> Response:
 
 def show(c: Console, request: Request) -> Response:
     letter = find(c, request.path_params["letter_id"])
-    return page(c, request, "dead_letter.html", letter=letter, title=f"dead letter {letter.id}")
+    shown = "" if letter.input is None else recorded(letter.input)
+    return page(
+        c,
+        request,
+        "dead_letter.html",
+        letter=letter,
+        input_text=shown,
+        title=f"dead letter {letter.id}",
+    )
