@@ -12,7 +12,6 @@ so a queue only another app's workflows use is not listed). Depth is the broker'
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 
 from starlette.requests import Request
@@ -38,17 +37,24 @@ def queue_depths(fleet: Fleet, queues: Sequence[str]) -> dict[str, int | None]:
         return {queue: None for queue in queues}
 
 
+def first_bucket(now: float) -> float:
+    """The start of the oldest column: the clock-aligned bucket an hour before ``now``."""
+    return (now - HOUR) // BUCKET * BUCKET
+
+
 def incident_table(
     rows: Sequence[tuple[float, str, int]], now: float
 ) -> tuple[list[float], dict[str, list[int]]]:
-    """``(bucket_start, kind, count)`` rows as one row per kind, one column per bucket
-    of the last hour (oldest first), zeros where nothing happened."""
-    start = (now - HOUR) // BUCKET * BUCKET
+    """``(bucket_start, kind, count)`` rows (clock-aligned buckets,
+    ``Browse.incidents_by_bucket``) as one row per kind, one column per bucket from
+    ``first_bucket(now)`` to the one ``now`` is in (oldest first), zeros where nothing
+    happened. A column is labelled by its start: an incident at 00:47:27 is in 00:45."""
+    start = first_bucket(now)
     buckets = [start + i * BUCKET for i in range(int(HOUR // BUCKET) + 1)]
     index = {b: i for i, b in enumerate(buckets)}
     kinds: dict[str, list[int]] = {}
     for bucket_start, kind, count in rows:
-        i = index.get(float(bucket_start) // BUCKET * BUCKET)
+        i = index.get(float(bucket_start))
         if i is not None:
             kinds.setdefault(str(kind), [0] * len(buckets))[i] += int(count)
     return buckets, dict(sorted(kinds.items()))
@@ -84,8 +90,9 @@ def show(c: Console, request: Request) -> Response:
     # The queues this app's workers consume (as ``fleet worker`` computes them): no
     # scan of the runs for the queues they are on.
     queues = c.fleet.registry.queues(c.fleet.settings.queue)
-    now = time.time()
-    buckets, incidents = incident_table(c.browse.incidents_by_bucket(now - HOUR, BUCKET), now)
+    now = c.browse.now()  # incidents are dated by the store's clock
+    rows = c.browse.incidents_by_bucket(first_bucket(now), BUCKET)
+    buckets, incidents = incident_table(rows, now)
     return page(
         c,
         request,

@@ -319,13 +319,16 @@ class Browse:
         self, since: float, bucket_seconds: float
     ) -> list[tuple[float, str, int]]:
         """Incidents at or after ``since`` (epoch seconds), counted per kind per time
-        bucket of ``bucket_seconds``: ``(bucket start, kind, count)``, oldest first."""
+        bucket of ``bucket_seconds``: ``(bucket start, kind, count)``, oldest first.
+        Buckets are aligned on the clock (multiples of ``bucket_seconds`` since the
+        epoch: 00:45, 00:50 for five minutes), whatever ``since`` is; the first may hold
+        only its part after ``since``."""
         if not bucket_seconds > 0:
             raise BadInput(f"bucket_seconds must be above 0, got {bucket_seconds}")
         with self._begin() as conn:
             # Grouped by the label: Postgres would not match two copies of the
             # expression, each with parameters of its own.
-            bucket = _bucket(conn, since, bucket_seconds).label("bucket")
+            bucket = _bucket(conn, bucket_seconds).label("bucket")
             stmt = (
                 select(bucket, incidents.c.kind, func.count())
                 .where(incidents.c.at >= since)
@@ -333,7 +336,7 @@ class Browse:
                 .order_by(literal_column("bucket"), incidents.c.kind)
             )
             found = conn.execute(stmt).all()
-        return [(since + int(b) * bucket_seconds, kind, int(n)) for b, kind, n in found]
+        return [(int(b) * bucket_seconds, kind, int(n)) for b, kind, n in found]
 
     def queue_names(self) -> list[str]:
         """The queues live runs are on (their depth is the broker's to tell). It reads
@@ -348,9 +351,9 @@ class Browse:
             return float(conn.execute(select(now())).scalar_one())
 
 
-def _bucket(conn: Connection, since: float, seconds: float) -> Any:
-    """The number of the ``seconds``-long bucket after ``since`` an incident falls in."""
-    offset = (incidents.c.at - cast(since, Float)) / cast(seconds, Float)
+def _bucket(conn: Connection, seconds: float) -> Any:
+    """The number of the ``seconds``-long bucket since the epoch an incident falls in."""
+    number = incidents.c.at / cast(seconds, Float)
     if conn.dialect.name == "postgresql":
-        return cast(func.floor(offset), Integer)
-    return cast(offset, Integer)  # SQLite's CAST truncates; offsets here are >= 0
+        return cast(func.floor(number), Integer)
+    return cast(number, Integer)  # SQLite's CAST truncates; times here are >= 0

@@ -3,6 +3,8 @@ escaped, bad input one line in ``#error`` with a 4xx."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fleet import Fleet
@@ -307,11 +309,54 @@ def test_incidents_are_counted_per_kind_per_five_minutes() -> None:
 
     now = 10_000.0
     start = (now - 3600) // BUCKET * BUCKET
-    rows = [(start, "takeover", 2), (start + 2 * BUCKET, "takeover", 1), (now, "fenced_write", 4)]
+    current = now // BUCKET * BUCKET
+    rows = [
+        (start, "takeover", 2),
+        (start + 2 * BUCKET, "takeover", 1),
+        (current, "fenced_write", 4),
+    ]
     buckets, kinds = incident_table(rows, now)
     assert buckets[0] == start and buckets[-1] <= now < buckets[-1] + BUCKET
     assert kinds["takeover"][:3] == [2, 0, 1] and sum(kinds["takeover"]) == 3
     assert kinds["fenced_write"][-1] == 4 and list(kinds) == ["fenced_write", "takeover"]
+
+
+def test_incidents_are_counted_under_the_five_minutes_they_happened_in(
+    web: Web, client: Fleet
+) -> None:
+    """Issue 48, item 20: a takeover at 00:47:27 was counted under 00:40, one at 00:49:00
+    and an error at 00:51:16 under 00:45. Incidents recorded at those minutes and
+    seconds (of the hour before the store's now) are each under their own bucket."""
+    from sqlalchemy import insert
+
+    from fleet.store.schema import incidents
+
+    now = web.app.state.console.browse.now()
+    # A quarter hour 20-35 minutes ago, read as 00:45: its first five minutes end at
+    # 00:50, which the test's incidents are on either side of.
+    q = (now - 1200) // 900 * 900
+    at = {
+        "takeover": [q + 2 * 60 + 27, q + 4 * 60],  # 00:47:27, 00:49:00
+        "fenced_write": [q + 6 * 60 + 16, q + 5 * 60],  # 00:51:16, 00:50:00
+        "duplicate_delivery": [q + 9 * 60 + 59.9],  # 00:54:59.9
+    }
+    with client.runtime.db.begin() as conn:  # written as they were at those times
+        for kind, times in at.items():
+            for t in times:
+                conn.execute(insert(incidents).values(kind=kind, run_id="r", at=t))
+    table = web.page("/fleet").by_id("incidents")
+    labels = [th.text for th in table.one("thead").all("th")][1:-1]
+    found = {}
+    for row in table.all("tr"):
+        if row.get("data-kind"):
+            counts = [int(td.text) for td in row.all("td")[1:-1]]
+            found[row.get("data-kind")] = {k: n for k, n in zip(labels, counts, strict=True) if n}
+    first, second = (time.strftime("%H:%M", time.gmtime(b)) for b in (q, q + 300))
+    assert found == {
+        "takeover": {first: 2},
+        "fenced_write": {second: 2},
+        "duplicate_delivery": {second: 1},
+    }, found
 
 
 def test_an_unreachable_broker_shows_unavailable_depths(client: Fleet) -> None:
