@@ -12,7 +12,7 @@ from fleet.console import pages
 from fleet.errors import BadInput
 from tests.console.conftest import Web
 from tests.console.dom import Node, parse
-from tests.harness import InlineBroker, poll
+from tests.harness import Cluster, InlineBroker, poll
 
 HOSTILE = "<script>alert(1)</script>[bold]"
 # A run id cannot hold "/" (those are child runs'): the same attack without it.
@@ -359,13 +359,39 @@ def test_incidents_are_counted_under_the_five_minutes_they_happened_in(
     }, found
 
 
-def test_an_unreachable_broker_shows_unavailable_depths(client: Fleet) -> None:
+def test_an_unreachable_broker_is_one_line_and_the_store_is_still_shown(
+    client: Fleet, cluster: Cluster
+) -> None:
+    """Issue 48, item 6: with the broker away, /fleet answered 500 (the limits' use is
+    read from the broker's Redis)."""
     from dataclasses import replace
 
-    from fleet.console.fleet_view import queue_depths
+    from starlette.testclient import TestClient
 
+    from fleet.console import app
+    from tests.console.conftest import AUTH, basic
+
+    cluster.worker("w1")
+    run = client.enqueue("chain", 2, 30.0, run_id="holding")  # a step that holds its lease
+    poll(lambda: any(s.status == "running" for s in run.steps()), 60, "a step to be running")
     away = client.with_settings(replace(client.settings, broker_url="redis://127.0.0.1:1/0"))
-    assert queue_depths(away, ["fleet"]) == {"fleet": None}
+    away.limit("provider", concurrency=2)
+    with TestClient(
+        app(away, auth=AUTH), headers={"Authorization": basic("ada", "s3cret")}
+    ) as http:
+        response = http.get("/fleet")
+    assert response.status_code == 200, response.text[-2000:]
+    doc = parse(response.text)
+    line = doc.by_id("broker-down").text
+    assert line.startswith("the broker is unreachable (") and "\n" not in line, line
+    assert "127.0.0.1:1" in line
+    depths = {td.text for td in doc.by_id("queues").all("td", class_="depth")}
+    assert depths == {"unavailable"}
+    assert "unavailable" in doc.by_id("limits").text
+    # What the store knows: the worker holding a lease, the incidents table.
+    (held,) = [r for r in doc.by_id("workers").all("tr") if r.get("data-worker")]
+    assert (held.get("data-worker") or "").startswith("w1:") and "holding" in held.text
+    assert doc.by_id("incidents")
 
 
 def test_run_page_shows_its_transcript_raw_and_windowed(
