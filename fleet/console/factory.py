@@ -21,7 +21,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from fleet.app import Fleet
-from fleet.console import actions, fleet_view, letters, live, pages, run_page
+from fleet.console import (
+    actions,
+    fleet_view,
+    letters,
+    live,
+    pages,
+    run_page,
+    transcript_view,
+)
 from fleet.console.auth import Auth, AuthMiddleware
 from fleet.console.render import Console, Refused, refused_page, root
 from fleet.errors import BadInput, StoreUnavailable, UnknownRun
@@ -84,6 +92,7 @@ def routes(c: Console) -> list[Route | Mount]:
         Route("/", lambda request: RedirectResponse(f"{root(request)}/runs", 303)),
         Route("/runs", pages.handler(c, pages.runs)),
         Route("/runs/{run_id:path}", pages.handler(c, run_page.show)),
+        Route("/transcripts", pages.handler(c, transcript_view.more)),
         Route("/inbox", pages.handler(c, pages.inbox)),
         Route("/dead-letters", pages.handler(c, letters.index)),
         Route("/dead-letters/{letter_id}", pages.handler(c, letters.show)),

@@ -114,6 +114,7 @@ def page(
         error=context.pop("error", ""),
         here=request.url.path,
         root=root(request),
+        app=console.fleet.name,
         **context,
     )
     return HTMLResponse(html, status, headers=HEADERS)

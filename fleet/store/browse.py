@@ -23,12 +23,14 @@ from sqlalchemy.engine import Connection
 
 from fleet.errors import BadInput
 from fleet.states import RunStatus, StepKind, StepStatus
+from fleet.store import messages as transcripts
 from fleet.store.engine import Database
 from fleet.store.predicates import now
 from fleet.store.rows import DeadLetterRow
 from fleet.store.run_list import (
     EVERY_RUN,
     LISTED,
+    MAX_PAGE,
     RunFilter,
     encode_cursor,
     filters,
@@ -115,6 +117,20 @@ class WorkerRow:
 
     worker: str
     running: list[tuple[str, str, float]]
+
+
+@dataclass(frozen=True)
+class TranscriptPage:
+    """A page of transcript ``name``, newest first: ``messages`` before a position as
+    ``(pos, body, step id, at)`` (bodies JSON text, blobs resolved); the transcript's
+    ``length`` and number of ``compactions``, and the ``current`` one (the latest done:
+    ``(number, start, upto, base, step id, status, output, at)``) or None."""
+
+    name: str
+    length: int
+    messages: list[tuple[int, str, str | None, float]]
+    compactions: int
+    current: tuple[Any, ...] | None
 
 
 def _digest(rows: Sequence[Any]) -> str:
@@ -264,6 +280,36 @@ class Browse:
         )
         with self._begin() as conn:
             return list(conn.execute(stmt).scalars())
+
+    # --- transcripts ---------------------------------------------------------------
+
+    def transcript_names(self, run_id: str, limit: int = 20) -> list[str]:
+        """The first ``limit`` names of the run's transcripts, in order."""
+        with self._begin() as conn:
+            return list(conn.execute(transcripts.names_of(limit), {"b_run": run_id}).scalars())
+
+    def transcript_page(
+        self, run_id: str, name: str, before: int | None = None, limit: int = 50
+    ) -> TranscriptPage:
+        """At most ``limit`` messages of the transcript before position ``before`` (None:
+        the newest), newest first. Index ranges only: a page of a transcript of 20,000
+        messages costs what one of 20 does."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise BadInput(f"limit must be 1-{MAX_PAGE}, got {limit}")
+        params = {"b_run": run_id, "b_transcript": name}
+        with self._begin() as conn:
+            length = int(conn.execute(transcripts.LENGTH, params).scalar_one())
+            end = length if before is None else max(0, min(before, length))
+            rows = conn.execute(transcripts.PAGE, {**params, "b_before": end, "b_limit": limit})
+            found = rows.all()
+            bodies = transcripts.resolve_blobs(conn, [r.body for r in found])
+            count = int(conn.execute(transcripts.COMPACTION_COUNT, params).scalar_one())
+            current = conn.execute(transcripts.CURRENT, params).first()
+        messages = [
+            (r.pos, body, r.step_id, r.created_at) for r, body in zip(found, bodies, strict=True)
+        ]
+        mark = None if current is None else tuple(current)
+        return TranscriptPage(name, length, messages, count, mark)
 
     # --- the audit, the fleet ------------------------------------------------------------
 

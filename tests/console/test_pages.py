@@ -394,21 +394,6 @@ def test_an_unreachable_broker_is_one_line_and_the_store_is_still_shown(
     assert doc.by_id("incidents")
 
 
-def test_run_page_shows_its_transcript_raw_and_windowed(
-    web: Web, client: Fleet, inline: InlineBroker
-) -> None:
-    client.enqueue("talks", text=HOSTILE, run_id="chat")
-    inline.drain()
-    response = web.http.get("/runs/chat")
-    assert "<script>alert" not in response.text
-    section = parse(response.text).by_id("transcript").one("section", data_name="main")
-    raw = section.one("details", class_="raw").all("li")
-    assert [li.one("b").text for li in raw] == ["user", "assistant"]
-    assert HOSTILE in raw[0].text
-    window = section.one("details", class_="window").all("li")
-    assert "gist: " in window[0].text, "the window leads with the compaction's summary"
-
-
 def test_a_step_with_a_fenced_or_lost_attempt_is_marked_an_incident() -> None:
     from fleet.console.run_page import step_views
     from fleet.store.rows import AttemptRow, StepRow
