@@ -17,8 +17,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from fleet import codec
+from fleet.bounds import INT32, whole
 from fleet.console.render import Console, Refused, page
-from fleet.errors import PayloadError
+from fleet.errors import BadInput, PayloadError
 from fleet.records import DeadLetterInfo
 
 # The list shows the newest this many (a filter narrows it).
@@ -26,9 +27,11 @@ SHOWN = 200
 
 
 def letter_id(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 2**31:
-        raise Refused(400, f"dead letter id {text!r} is not a number")
-    return int(text)
+    """A dead letter's id (a positive 32-bit number) from a path or a form; 400 if not."""
+    try:
+        return whole(text, "dead letter id", low=1, high=INT32)
+    except BadInput:
+        raise Refused(400, f"dead letter id {text!r:.60} is not a number") from None
 
 
 def find(c: Console, text: str) -> DeadLetterInfo:

@@ -69,6 +69,12 @@ def test_numbers_past_what_the_store_keeps_are_a_400(
             response = web.post("raise-budget", confirm=confirm, run_id="b1", tokens=tokens)
             assert response.status_code == 400, (tokens, response.text[:300])
             assert "tokens must be" in error_line(response), error_line(response)
+    # A dead letter's id of thousands of digits (int() refuses past 4,300).
+    for digits in ("9" * 5000, "2147483648"):
+        page = web.http.get(f"/dead-letters/{digits}")
+        assert page.status_code == 400 and "is not a number" in error_line(page)
+        replay = web.post("replay", letter_id=digits)
+        assert replay.status_code == 400 and "is not a number" in error_line(replay)
     cost = web.post("raise-budget", run_id="b1", cost="1e309")
     assert cost.status_code == 400 and "cost must be a positive number" in error_line(cost)
     assert run.status() == "needs_decision"
