@@ -38,6 +38,7 @@ log = logging.getLogger("fleet.console")
 # Form fields that are not the action's own: never repeated as hidden inputs.
 CONTROL = ("csrf", "confirm", "why")
 MAX_RATE = 100.0
+MIN_RATE = 0.01  # one every 100 s: slower, and the last of 1,000 letters waits a day
 
 
 @dataclass(frozen=True)
@@ -221,8 +222,8 @@ def prepare_replay_all(c: Console, form: Form, user: str) -> Plan:
     workflow = form.get("workflow", "").strip()
     rate = positive(form.get("rate", ""), "rate", default=5.0)
     assert rate is not None
-    if rate > MAX_RATE:
-        raise Refused(400, f"rate must be at most {MAX_RATE:g} per second, got {rate:g}")
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise Refused(400, f"rate must be {MIN_RATE:g} to {MAX_RATE:g} per second, got {rate:g}")
     ids = [d.id for d in c.fleet.dead_letters(workflow=workflow or None)]
     of = f" of workflow {workflow!r}" if workflow else ""
     if not ids:

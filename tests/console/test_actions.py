@@ -118,6 +118,8 @@ def test_refusals_are_one_line_and_change_nothing(
         ("replay", {"letter_id": "77"}, 404, "unknown dead letter 77"),
         ("replay-all", {"rate": "0"}, 400, "rate must be a positive number"),
         ("replay-all", {"rate": "fast"}, 400, "rate 'fast' is not a number"),
+        ("replay-all", {"rate": "0.0000001"}, 400, "rate must be 0.01 to 100 per second"),
+        ("replay-all", {"rate": "101"}, 400, "rate must be 0.01 to 100 per second, got 101"),
         ("replay-all", {}, 409, "no dead letter waits for a replay"),
         ("launch", {}, 404, "unknown action 'launch'"),
     ]
