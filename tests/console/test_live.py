@@ -236,7 +236,8 @@ def test_junk_parameters_do_not_split_the_runs_lists_watcher(
     the store every interval. The watcher is keyed by the list's normalised filters."""
     client.enqueue("approval", run_id="listed")
     inline.drain()
-    interval, seconds = 0.1, 1.0
+    # Streams long enough for all 44 to be open at once on a loaded host.
+    interval, seconds = 0.1, 4.0
     console = app(client, auth=AUTH, live_interval=interval, stream_seconds=seconds)
     hub = console.state.console.hub
     browse = console.state.console.browse
@@ -259,7 +260,11 @@ def test_junk_parameters_do_not_split_the_runs_lists_watcher(
     watchers: list[int] = []
 
     async def count_watchers() -> None:
-        await asyncio.sleep(seconds / 2)
+        """The watchers once every stream is open (all subscribed), within the streams."""
+        deadline = time.monotonic() + seconds / 2
+        while sum(w.subscribers for w in list(hub.watchers.values())) < len(queries):
+            assert time.monotonic() < deadline, "the streams did not all open"
+            await asyncio.sleep(0.01)
         watchers.append(len(hub.watchers))
 
     async def watch_all() -> list[httpx.Response]:
