@@ -151,6 +151,8 @@ class Settings:
     # signed with (random per process when unset). Never in a repr: they are passwords.
     console_auth: str | None = field(default=None, repr=False)
     console_proxy_header: str | None = None
+    # The addresses (IPs or CIDR networks, comma-separated) that header is taken from.
+    console_trusted_proxies: str | None = None
     console_secret: str | None = field(default=None, repr=False)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -183,6 +185,7 @@ class Settings:
             max_steps=_count(env, "FLEET_MAX_STEPS", cls.max_steps),
             console_auth=env.get("FLEET_CONSOLE_AUTH") or None,
             console_proxy_header=env.get("FLEET_CONSOLE_PROXY_HEADER") or None,
+            console_trusted_proxies=env.get("FLEET_CONSOLE_TRUSTED_PROXIES") or None,
             console_secret=env.get("FLEET_CONSOLE_SECRET") or None,
         )
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})

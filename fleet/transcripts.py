@@ -10,10 +10,14 @@ as ``{"$fleet_transcript": {...}}`` (user keys beginning with "$" are escaped, s
 user data cannot be taken for one) and reads it back through the ``reading`` hook:
 inside a step, the worker's reader turns it into a read-only sequence of the
 messages; anywhere else it stays a ``Cursor``, which cannot be read.
+
+How a person reads a tool call (``tool_call_line``) is here too, so that every view
+of a transcript (``fleet transcript``, the console) writes it the same way.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -265,3 +269,42 @@ class Messages(Sequence[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self._load(0, self._length))
+
+
+def tool_call_line(call: Any, limit: int = 300) -> str:
+    """``→ name(args) [id]`` for a tool call in OpenAI form (``function.arguments``, a
+    JSON string) or the simpler ``{"id", "name", "args"}``; anything else as JSON. The
+    arguments (or the JSON) are cut to ``limit`` characters. Plain text: a view escapes
+    it for its medium (a terminal's control characters, HTML)."""
+    if not isinstance(call, dict):
+        return f"→ {_clip(_as_json(call), limit)}"
+    fn = call.get("function")
+    if isinstance(fn, dict) and "name" in fn:
+        name, args = fn.get("name"), _arguments(fn.get("arguments"))
+    elif "name" in call:
+        raw = call["args"] if "args" in call else call.get("arguments")
+        name, args = call.get("name"), _as_json(raw) if "args" in call else _arguments(raw)
+    else:
+        return f"→ {_clip(_as_json(call), limit)}"
+    ident = f" [{call['id']}]" if call.get("id") is not None else ""
+    return f"→ {name}({_clip(args, limit)}){ident}"
+
+
+def _arguments(arguments: Any) -> str:
+    """OpenAI's arguments are JSON text: shown compact when they parse, as given if not."""
+    if not isinstance(arguments, str):
+        return _as_json(arguments)
+    try:
+        return _as_json(json.loads(arguments))
+    except ValueError:
+        return arguments
+
+
+def _as_json(value: Any) -> str:
+    # What JSON cannot hold (a Secret, whose repr names it and never holds its value)
+    # is shown as its repr.
+    return json.dumps(value, default=repr)
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"

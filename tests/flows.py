@@ -497,6 +497,56 @@ def talks(wf: WorkflowContext, wait: bool = False, text: str = "hello") -> int:
     return len(chat.window())
 
 
+@fleet.step
+def model_turn(ctx: StepContext, chat: Any, turn: int) -> dict[str, Any]:
+    """A model's turn over the transcript: asks to read a note twice, then answers."""
+    if turn < 2:
+        call = {"name": "read_note", "arguments": json.dumps({"path": f"notes/{turn}.md"})}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": f"call_read_{turn}", "type": "function", "function": call}],
+        }
+    return {"role": "assistant", "content": f"done, having read {len(chat)} messages"}
+
+
+@fleet.step
+def read_note(ctx: StepContext, path: str) -> str:
+    return f"contents of {path}"
+
+
+@fleet.step(effect=True, idempotent=True)
+def file_report(ctx: StepContext, text: str) -> str:
+    return f"filed as {ctx.idempotency_key}"
+
+
+@fleet.workflow(version="1")
+def tool_agent(wf: WorkflowContext, notes: int = 0, summarize_at: int = 0) -> str:
+    """A tool-using agent as the README builds one: model turns given the transcript,
+    each tool call a step keyed by its call id, an effect at the end. ``notes`` more
+    user messages first; ``summarize_at``: a compaction keeping the rest after that."""
+    chat = wf.transcript()
+    chat.append({"role": "user", "content": "read my notes"})
+    for i in range(notes):
+        chat.append({"role": "user", "content": f"note {i}"})
+    if summarize_at:
+        wf.compact(chat, gist, keep_last=len(chat) - summarize_at)
+    reply: dict[str, Any] = {}
+    for turn in range(3):
+        reply = wf.step(model_turn, chat, turn)
+        chat.append(reply)
+        for call in reply.get("tool_calls") or []:
+            path = json.loads(call["function"]["arguments"])["path"]
+            chat.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call["id"],
+                    "content": wf.step(read_note, path, key=call["id"]),
+                }
+            )
+    return str(wf.step(file_report, reply["content"]))
+
+
 # --- the model pinned per run (fleet.llm) -----------------------------------------------
 
 PINNED_MODEL = "example-model-2026-10"

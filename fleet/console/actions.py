@@ -25,9 +25,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from fleet import codec
-from fleet.console.letters import find
+from fleet.bounds import whole
+from fleet.console.letters import find, from_recorded, unchanged
 from fleet.console.pages import positive
-from fleet.console.render import Console, Refused, flash_query, page, path, root
+from fleet.console.render import Console, Refused, flash_query, no_nul, page, path, root
 from fleet.errors import BadInput, PayloadError, WaitNotOpen
 from fleet.registry import check_name
 from fleet.states import Decision, RunStatus, StepStatus
@@ -37,6 +38,7 @@ log = logging.getLogger("fleet.console")
 # Form fields that are not the action's own: never repeated as hidden inputs.
 CONTROL = ("csrf", "confirm", "why")
 MAX_RATE = 100.0
+MIN_RATE = 0.01  # one every 100 s: slower, and the last of 1,000 letters waits a day
 
 
 @dataclass(frozen=True)
@@ -173,11 +175,7 @@ def prepare_resolve(c: Console, form: Form, user: str) -> Plan:
 def prepare_raise_budget(c: Console, form: Form, user: str) -> Plan:
     run_id = form.get("run_id", "")
     tokens_text = form.get("tokens", "").strip()
-    tokens = None
-    if tokens_text:
-        if not (tokens_text.isascii() and tokens_text.isdigit()) or int(tokens_text) < 1:
-            raise Refused(400, f"tokens must be a whole number of 1 or more, got {tokens_text!r}")
-        tokens = int(tokens_text)
+    tokens = whole(tokens_text, "tokens", low=1) if tokens_text else None
     cost = positive(form.get("cost", ""), "cost")
     if tokens is None and cost is None:
         raise Refused(400, "give a new token budget, a new cost budget, or both")
@@ -200,11 +198,14 @@ def prepare_replay(c: Console, form: Form, user: str) -> Plan:
     text = form.get("input", "")
     edited: Any = None
     if text.strip():
-        edited = _json(text, "input")
+        # As the page shows it: the store's JSON, secrets as their markers.
+        edited = from_recorded(text)
         if not isinstance(edited, (list, dict)):
             raise Refused(
                 400, 'input must be a JSON list of arguments or {"args": [...], "kwargs": {...}}'
             )
+        if unchanged(edited, letter):  # sent back as shown: replayed as recorded
+            edited = None
     if letter.replayed_at is not None:
         raise Refused(409, f"dead letter {letter.id} was already replayed")
 
@@ -226,8 +227,8 @@ def prepare_replay_all(c: Console, form: Form, user: str) -> Plan:
     workflow = form.get("workflow", "").strip()
     rate = positive(form.get("rate", ""), "rate", default=5.0)
     assert rate is not None
-    if rate > MAX_RATE:
-        raise Refused(400, f"rate must be at most {MAX_RATE:g} per second, got {rate:g}")
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise Refused(400, f"rate must be {MIN_RATE:g} to {MAX_RATE:g} per second, got {rate:g}")
     ids = [d.id for d in c.fleet.dead_letters(workflow=workflow or None)]
     of = f" of workflow {workflow!r}" if workflow else ""
     if not ids:
@@ -287,6 +288,7 @@ def endpoint(c: Console) -> Callable[[Request], Any]:
         form = {k: v for k, v in raw.items() if isinstance(v, str)}
         if not c.auth.csrf_ok(user, form.get("csrf", "")):
             raise Refused(403, "this form is stale or not from this console: reload the page")
+        no_nul(form, "form field")
         plan = await run_in_threadpool(prepare, c, form, user)
         why = form.get("why", "").strip()
         if form.get("confirm") != "yes":

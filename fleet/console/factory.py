@@ -21,7 +21,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from fleet.app import Fleet
-from fleet.console import actions, fleet_view, letters, live, pages, run_page
+from fleet.console import (
+    actions,
+    fleet_view,
+    letters,
+    live,
+    pages,
+    run_page,
+    transcript_view,
+)
 from fleet.console.auth import Auth, AuthMiddleware
 from fleet.console.render import Console, Refused, refused_page, root
 from fleet.errors import BadInput, StoreUnavailable, UnknownRun
@@ -34,6 +42,8 @@ def app(
     *,
     auth: str | None = None,
     proxy_header: str | None = None,
+    trusted_proxies: str | None = None,
+    host: str | None = None,
     no_auth: bool = False,
     secret: str | None = None,
     live_interval: float = 1.0,
@@ -43,14 +53,24 @@ def app(
 
     ``auth`` is ``user:password[,user2:pw2]`` for HTTP basic (default
     ``FLEET_CONSOLE_AUTH``); ``proxy_header`` the header a trusted reverse proxy sets
-    to the user (default ``FLEET_CONSOLE_PROXY_HEADER``); with neither, ``no_auth``
-    must be given (everyone is "anonymous"), else ``BadInput``. ``secret`` signs the
+    to the user (default ``FLEET_CONSOLE_PROXY_HEADER``), taken only from a request
+    whose peer address is in ``trusted_proxies`` (IPs or CIDR networks, comma-separated;
+    default ``FLEET_CONSOLE_TRUSTED_PROXIES``, else loopback only); ``host``, the
+    address the app is served on, if known: off loopback, a proxy header without
+    trusted proxies is ``BadInput``. With neither auth nor header, ``no_auth`` must be
+    given (everyone is "anonymous"), else ``BadInput``. ``secret`` signs the
     forms (default ``FLEET_CONSOLE_SECRET``, else random per process). Live pages ask
     the store every ``live_interval`` seconds per run or list watched, however many
     browsers watch; an event stream ends after ``stream_seconds`` (browsers reconnect).
     """
     who = Auth.configure(
-        fleet.settings, auth=auth, proxy_header=proxy_header, no_auth=no_auth, secret=secret
+        fleet.settings,
+        auth=auth,
+        proxy_header=proxy_header,
+        no_auth=no_auth,
+        secret=secret,
+        trusted_proxies=trusted_proxies,
+        host=host,
     )
     console = Console(fleet, who, live.Hub(live_interval), stream_seconds)
     web = Starlette(
@@ -72,6 +92,7 @@ def routes(c: Console) -> list[Route | Mount]:
         Route("/", lambda request: RedirectResponse(f"{root(request)}/runs", 303)),
         Route("/runs", pages.handler(c, pages.runs)),
         Route("/runs/{run_id:path}", pages.handler(c, run_page.show)),
+        Route("/transcripts", pages.handler(c, transcript_view.more)),
         Route("/inbox", pages.handler(c, pages.inbox)),
         Route("/dead-letters", pages.handler(c, letters.index)),
         Route("/dead-letters/{letter_id}", pages.handler(c, letters.show)),

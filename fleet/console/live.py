@@ -160,9 +160,11 @@ def _events(frames: AsyncIterator[str]) -> Response:
 
 def run_events(c: Console) -> Callable[[Request], Any]:
     """``/events/run?id=RUN``: the run page's ``#run-live`` region, as it changes."""
+    from fleet.console.pages import checked
     from fleet.console.run_page import live_region
 
     async def endpoint(request: Request) -> Response:
+        checked(request)
         run_id = request.query_params.get("id", "")
         base = root(request)
         key = ("run", run_id, base)
@@ -182,13 +184,17 @@ def run_events(c: Console) -> Callable[[Request], Any]:
 
 def runs_events(c: Console) -> Callable[[Request], Any]:
     """``/events/runs?<filters>``: the runs table's body, as the listed runs change."""
-    from fleet.console.pages import PAGE_SIZE, runs_filters, runs_rows
+    from fleet.console.pages import PAGE_SIZE, checked, runs_filters, runs_key, runs_rows
 
     async def endpoint(request: Request) -> Response:
-        filters = await run_in_threadpool(runs_filters, c, request.query_params)
+        checked(request)
+        normalised = runs_key(request.query_params)
+        filters = await run_in_threadpool(runs_filters, c, normalised)
         base = root(request)
-        # Keyed by the filters as written: "since=2h" is one list for every watcher.
-        key = ("runs", base, tuple(sorted((k, str(v)) for k, v in request.query_params.items())))
+        # Keyed by the normalised filters only: a parameter the list does not read, the
+        # order or spelling of the ones it does ("1h", "60m") make no watcher of their
+        # own; "since=2h" is one list for every watcher (measured from its first).
+        key = ("runs", base, normalised)
         return _events(
             c.hub.stream(
                 key,

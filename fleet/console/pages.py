@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from fleet.console.render import Console, Refused, page, path, root
+from fleet.console.render import Console, Refused, no_nul, page, path, root
 from fleet.durations import parse_duration
 from fleet.errors import BadInput
 from fleet.states import RunStatus
@@ -29,18 +29,26 @@ def handler(c: Console, fn: Callable[[Console, Request], Response]) -> Callable[
     """An endpoint running ``fn(console, request)`` off the event loop."""
 
     async def endpoint(request: Request) -> Response:
+        checked(request)
         return await run_in_threadpool(fn, c, request)
 
     endpoint.__name__ = fn.__name__
     return endpoint
 
 
-def _moment(text: str, name: str, now: Callable[[], float]) -> float:
-    """``2h`` (that long ago by the store's clock) or an ISO date/time (UTC unless it
-    says) as a timestamp."""
+def checked(request: Request) -> None:
+    """A request's path segments and query parameters, refused (400) if any holds a
+    NUL byte."""
+    no_nul(request.path_params, "path segment")
+    no_nul(request.query_params, "query parameter")
+
+
+def _moment(text: str, name: str) -> tuple[str, float]:
+    """``2h`` as ``("ago", 7200.0)`` (that long before the store's clock says now) or
+    an ISO date/time (UTC unless it says) as ``("at", timestamp)``."""
     if text[:1].isdigit() and text[-1:].isalpha() and "-" not in text:
         try:
-            return now() - parse_duration(text, name)
+            return "ago", parse_duration(text, name)
         except BadInput:
             pass
     try:
@@ -51,23 +59,36 @@ def _moment(text: str, name: str, now: Callable[[], float]) -> float:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    return "at", moment.timestamp()
 
 
-def runs_filters(c: Console, params: Mapping[str, str]) -> RunFilter:
-    """The runs list's filters from a query string, checked, for ``Browse.runs_page``
-    and ``Browse.runs_fingerprint`` (a page of ``PAGE_SIZE``)."""
-    found: dict[str, Any] = {}
+def runs_key(params: Mapping[str, str]) -> tuple[tuple[str, Any], ...]:
+    """The runs list's filters from a query string, checked and normalised: only the
+    list's own parameters, stripped, empty ones left out, ``since``/``until`` as what
+    they mean (``1h`` and ``60m`` alike). Two query strings showing the same list have
+    the same key (the live list's watcher is shared by it)."""
+    found: list[tuple[str, Any]] = []
     for name in FILTERS:
-        value = params.get(name, "").strip()
-        if value:
-            found[name] = value
-    status = found.get("status")
-    if status is not None and status not in {s.value for s in RunStatus}:
-        raise Refused(400, f"unknown status {status!r} (one of: {', '.join(RunStatus)})")
+        value: Any = params.get(name, "").strip()
+        if not value:
+            continue
+        if name == "status" and value not in STATUSES:
+            raise Refused(400, f"unknown status {value!r} (one of: {', '.join(RunStatus)})")
+        if name in ("since", "until"):
+            value = _moment(value, name)
+        found.append((name, value))
+    return tuple(found)
+
+
+def runs_filters(c: Console, key: tuple[tuple[str, Any], ...]) -> RunFilter:
+    """The ``RunFilter`` of a ``runs_key``, for ``Browse.runs_page`` and
+    ``Browse.runs_fingerprint`` (a page of ``PAGE_SIZE``); "ago" is measured on the
+    store's clock, now."""
+    found = dict(key)
     for name in ("since", "until"):
         if name in found:
-            found[name] = _moment(found[name], name, c.browse.now)
+            kind, value = found[name]
+            found[name] = c.browse.now() - value if kind == "ago" else value
     return RunFilter(**found)
 
 
@@ -87,7 +108,7 @@ def runs(c: Console, request: Request) -> Response:
     params = request.query_params
     raw = {name: params.get(name, "") for name in FILTERS}
     try:
-        filters = runs_filters(c, params)
+        filters = runs_filters(c, runs_key(params))
     except Refused as exc:
         return page(
             c,

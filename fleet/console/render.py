@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -113,6 +114,7 @@ def page(
         error=context.pop("error", ""),
         here=request.url.path,
         root=root(request),
+        app=console.fleet.name,
         **context,
     )
     return HTMLResponse(html, status, headers=HEADERS)
@@ -134,6 +136,16 @@ def refused_page(console: Console, request: Request, exc: Exception) -> HTMLResp
     else:
         status, line = 400, str(exc)
     return page(console, request, "refused.html", status, error=first_line(line), title="refused")
+
+
+def no_nul(fields: Mapping[str, str], what: str) -> None:
+    """``Refused`` (400) naming the first of ``fields`` (query parameters, path segments,
+    form fields: ``what``) that holds a NUL byte. No text fleet keeps holds one (ids and
+    names are printable, Postgres text cannot), so none can match; on Postgres it
+    would not even reach the query."""
+    for name, value in fields.items():
+        if "\x00" in name or "\x00" in value:
+            raise Refused(400, f"{what} {name!r} holds a NUL byte")
 
 
 def flash_query(console: Console, msg: str) -> str:

@@ -1,11 +1,14 @@
-"""A run's page (GET ``/runs/{id}``): its status and metadata, its steps on a timeline
-with their attempts (epochs, workers, durations, retries; fenced writes and takeovers
-marked), inputs and outputs clipped (large ones by reference), its spend and what
-resume saved, its transcripts, its child runs as a tree, its waits and its audit.
+"""A run's page (GET ``/runs/{id}``): its status and metadata, its steps by id on a
+timeline with their attempts (epochs, workers, durations, retries; fenced writes and
+takeovers marked), inputs and outputs clipped (large ones by reference, a transcript
+given to a step as a reference to it), its spend and what resume saved, its effects'
+write-ahead intents, its child runs as a tree, its waits, its audit, and its
+transcripts (paged: ``transcript_view``).
 
 ``#run-live`` is the part that moves: ``live_region`` renders it, for the page and
 for the run's watcher (``fleet.console.live``), from the same reads. The actions'
-forms stay outside it: they carry the user's CSRF token, the live HTML is shared.
+forms stay outside it: they carry the user's CSRF token, the live HTML is shared. So
+do the transcripts: however long, they are never sent again at each change.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from fleet.console.render import Console, Refused, page, root
+from fleet.console.transcript_view import shown_input, transcripts
 from fleet.errors import PayloadError
 from fleet.records import attempts_by_step, saved_by_resume
 from fleet.states import AttemptOutcome, RunStatus, StepKind, StepStatus
@@ -56,6 +60,15 @@ class StepView:
     def wait_name(self) -> str:
         return str(self.row.name).removeprefix("wait:")
 
+    @property
+    def named_apart(self) -> bool:
+        """Whether its id does not say its function (an explicit key: ``call_read_1``)."""
+        return not str(self.row.step_id).startswith(f"{self.row.name}#")
+
+    @property
+    def input_text(self) -> str:
+        return shown_input(self.row.input)
+
 
 def step_views(steps: list[Any], attempts: list[Any]) -> list[StepView]:
     by_step = attempts_by_step(attempts)
@@ -83,16 +96,6 @@ def tree(run_id: str, descendants: list[Any]) -> dict[str, list[Any]]:
     return under
 
 
-def _transcripts(c: Console, run_id: str) -> list[Any]:
-    found = []
-    for name in c.fleet.runtime.queries.transcript_names(run_id):
-        try:
-            found.append(c.fleet.transcript(run_id, name))
-        except PayloadError:  # a corrupt message: the rest of the page still shows
-            continue
-    return found
-
-
 def live_context(c: Console, run_id: str) -> dict[str, Any] | None:
     """Everything ``#run-live`` shows; None for an unknown run."""
     q = c.fleet.runtime.queries
@@ -118,7 +121,7 @@ def live_context(c: Console, run_id: str) -> dict[str, Any] | None:
         "saved": saved_by_resume(attempts),
         "incidents": q.incident_counts(run_id),
         "under": tree(run_id, q.descendants(run_id)),
-        "transcripts": _transcripts(c, run_id),
+        "effects": q.intents(run_id),
         "audit": c.browse.audit(run_id=run_id),
         "letters": c.fleet.dead_letters(run_id=run_id, include_replayed=True),
     }
@@ -153,5 +156,6 @@ def show(c: Console, request: Request) -> Response:
             (v.row.step_id, v.wait_name) for v in context["waits"] if v.row.name.startswith("wait:")
         ],
         letters=context["letters"],
+        transcripts=transcripts(c, run_id),
         events="/events/run?" + urlencode({"id": run_id}),
     )

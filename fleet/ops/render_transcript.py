@@ -12,13 +12,13 @@ the Rich views clip long content; the JSON form never does.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from fleet import transcripts
 from fleet.ops.render import as_json, clip, one_line, plain, status_text
 from fleet.transcripts import CompactionInfo, MessageInfo, TranscriptInfo
 
@@ -240,30 +240,8 @@ def _indent(text: str) -> str:
 
 
 def tool_call_line(call: Any) -> str:
-    """``→ name(args) [id]`` for a tool call in OpenAI form (``function.arguments``, a
-    JSON string) or the simpler ``{"id", "name", "args"}``; anything else as JSON."""
-    if not isinstance(call, dict):
-        return one_line(f"→ {clip(as_json(call), CALL_CLIP)}")
-    fn = call.get("function")
-    if isinstance(fn, dict) and "name" in fn:
-        name, args = fn.get("name"), _arguments(fn.get("arguments"))
-    elif "name" in call:
-        raw = call["args"] if "args" in call else call.get("arguments")
-        name, args = call.get("name"), as_json(raw) if "args" in call else _arguments(raw)
-    else:
-        return one_line(f"→ {clip(as_json(call), CALL_CLIP)}")
-    ident = f" [{call['id']}]" if call.get("id") is not None else ""
-    return one_line(f"→ {name}({clip(args, CALL_CLIP)}){ident}")
-
-
-def _arguments(arguments: Any) -> str:
-    """OpenAI's arguments are JSON text: shown compact when they parse, as given if not."""
-    if not isinstance(arguments, str):
-        return as_json(arguments)
-    try:
-        return as_json(json.loads(arguments))
-    except ValueError:
-        return arguments
+    """``→ name(args) [id]`` (``fleet.transcripts.tool_call_line``) on one line."""
+    return one_line(transcripts.tool_call_line(call, CALL_CLIP))
 
 
 def _first_line(message: Any) -> str:

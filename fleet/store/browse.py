@@ -23,12 +23,14 @@ from sqlalchemy.engine import Connection
 
 from fleet.errors import BadInput
 from fleet.states import RunStatus, StepKind, StepStatus
+from fleet.store import messages as transcripts
 from fleet.store.engine import Database
 from fleet.store.predicates import now
 from fleet.store.rows import DeadLetterRow
 from fleet.store.run_list import (
     EVERY_RUN,
     LISTED,
+    MAX_PAGE,
     RunFilter,
     encode_cursor,
     filters,
@@ -116,6 +118,20 @@ class WorkerRow:
 
     worker: str
     running: list[tuple[str, str, float]]
+
+
+@dataclass(frozen=True)
+class TranscriptPage:
+    """A page of transcript ``name``, newest first: ``messages`` before a position as
+    ``(pos, body, step id, at)`` (bodies JSON text, blobs resolved); the transcript's
+    ``length`` and number of ``compactions``, and the ``current`` one (the latest done:
+    ``(number, start, upto, base, step id, status, output, at)``) or None."""
+
+    name: str
+    length: int
+    messages: list[tuple[int, str, str | None, float]]
+    compactions: int
+    current: tuple[Any, ...] | None
 
 
 def _digest(rows: Sequence[Any]) -> str:
@@ -267,6 +283,36 @@ class Browse:
         with self._begin() as conn:
             return list(conn.execute(stmt).scalars())
 
+    # --- transcripts ---------------------------------------------------------------
+
+    def transcript_names(self, run_id: str, limit: int = 20) -> list[str]:
+        """The first ``limit`` names of the run's transcripts, in order."""
+        with self._begin() as conn:
+            return list(conn.execute(transcripts.names_of(limit), {"b_run": run_id}).scalars())
+
+    def transcript_page(
+        self, run_id: str, name: str, before: int | None = None, limit: int = 50
+    ) -> TranscriptPage:
+        """At most ``limit`` messages of the transcript before position ``before`` (None:
+        the newest), newest first. Index ranges only: a page of a transcript of 20,000
+        messages costs what one of 20 does."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise BadInput(f"limit must be 1-{MAX_PAGE}, got {limit}")
+        params = {"b_run": run_id, "b_transcript": name}
+        with self._begin() as conn:
+            length = int(conn.execute(transcripts.LENGTH, params).scalar_one())
+            end = length if before is None else max(0, min(before, length))
+            rows = conn.execute(transcripts.PAGE, {**params, "b_before": end, "b_limit": limit})
+            found = rows.all()
+            bodies = transcripts.resolve_blobs(conn, [r.body for r in found])
+            count = int(conn.execute(transcripts.COMPACTION_COUNT, params).scalar_one())
+            current = conn.execute(transcripts.CURRENT, params).first()
+        messages = [
+            (r.pos, body, r.step_id, r.created_at) for r, body in zip(found, bodies, strict=True)
+        ]
+        mark = None if current is None else tuple(current)
+        return TranscriptPage(name, length, messages, count, mark)
+
     # --- the audit, the fleet ------------------------------------------------------------
 
     def audit(self, run_id: str | None = None, limit: int = 200) -> list[AuditRow]:
@@ -321,13 +367,16 @@ class Browse:
         self, since: float, bucket_seconds: float
     ) -> list[tuple[float, str, int]]:
         """Incidents at or after ``since`` (epoch seconds), counted per kind per time
-        bucket of ``bucket_seconds``: ``(bucket start, kind, count)``, oldest first."""
+        bucket of ``bucket_seconds``: ``(bucket start, kind, count)``, oldest first.
+        Buckets are aligned on the clock (multiples of ``bucket_seconds`` since the
+        epoch: 00:45, 00:50 for five minutes), whatever ``since`` is; the first may hold
+        only its part after ``since``."""
         if not bucket_seconds > 0:
             raise BadInput(f"bucket_seconds must be above 0, got {bucket_seconds}")
         with self._begin() as conn:
             # Grouped by the label: Postgres would not match two copies of the
             # expression, each with parameters of its own.
-            bucket = _bucket(conn, since, bucket_seconds).label("bucket")
+            bucket = _bucket(conn, bucket_seconds).label("bucket")
             stmt = (
                 select(bucket, incidents.c.kind, func.count())
                 .where(incidents.c.at >= since)
@@ -335,7 +384,7 @@ class Browse:
                 .order_by(literal_column("bucket"), incidents.c.kind)
             )
             found = conn.execute(stmt).all()
-        return [(since + int(b) * bucket_seconds, kind, int(n)) for b, kind, n in found]
+        return [(int(b) * bucket_seconds, kind, int(n)) for b, kind, n in found]
 
     def queue_names(self) -> list[str]:
         """The queues live runs are on (their depth is the broker's to tell). It reads
@@ -350,9 +399,9 @@ class Browse:
             return float(conn.execute(select(now())).scalar_one())
 
 
-def _bucket(conn: Connection, since: float, seconds: float) -> Any:
-    """The number of the ``seconds``-long bucket after ``since`` an incident falls in."""
-    offset = (incidents.c.at - cast(since, Float)) / cast(seconds, Float)
+def _bucket(conn: Connection, seconds: float) -> Any:
+    """The number of the ``seconds``-long bucket since the epoch an incident falls in."""
+    number = incidents.c.at / cast(seconds, Float)
     if conn.dialect.name == "postgresql":
-        return cast(func.floor(offset), Integer)
-    return cast(offset, Integer)  # SQLite's CAST truncates; offsets here are >= 0
+        return cast(func.floor(number), Integer)
+    return cast(number, Integer)  # SQLite's CAST truncates; times here are >= 0

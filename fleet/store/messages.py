@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, String, bindparam, case, select
+from sqlalchemy import Integer, String, bindparam, case, func, select
 from sqlalchemy.engine import Connection
 
 from fleet.errors import PayloadError
+from fleet.states import StepStatus
 from fleet.store.predicates import RUN, now
 from fleet.store.schema import blobs, compactions, messages, steps
 from fleet.store.transitions import DIALECTS
@@ -149,6 +150,48 @@ COMPACTIONS = (
     .order_by(compactions.c.number)
 )
 NAMES = select(messages.c.transcript).where(messages.c.run_id == RUN).distinct()
+
+# --- the console's reads (``Browse``): each bounded, an index range ------------------
+
+# Messages before a position, newest first, at most a page (the primary key's range).
+PAGE = (
+    select(messages.c.pos, BODY.label("body"), messages.c.step_id, messages.c.created_at)
+    .select_from(_OF)
+    .where(
+        messages.c.run_id == RUN,
+        messages.c.transcript == NAME,
+        messages.c.pos < bindparam("b_before", type_=Integer),
+    )
+    .order_by(messages.c.pos.desc())
+    .limit(bindparam("b_limit", type_=Integer))
+)
+# Positions are 0, 1, 2…: the length is the last one's, plus one (one index probe).
+LENGTH = select(func.coalesce(func.max(messages.c.pos) + 1, 0)).where(
+    messages.c.run_id == RUN, messages.c.transcript == NAME
+)
+COMPACTION_COUNT = select(func.count()).where(
+    compactions.c.run_id == RUN, compactions.c.transcript == NAME
+)
+# The compaction the model's view starts from: the latest whose summary is done.
+CURRENT = (
+    COMPACTIONS.where(steps.c.status == StepStatus.DONE)
+    .order_by(None)
+    .order_by(compactions.c.number.desc())
+    .limit(1)
+)
+
+
+def names_of(limit: int) -> Any:
+    """The first ``limit`` transcript names of run ``b_run``, in order, one index seek
+    each (a skip scan: ``NAMES`` reads every message of the run)."""
+    of_run = messages.c.run_id == RUN
+    first = select(func.min(messages.c.transcript).label("name")).where(of_run)
+    names = first.cte("names", recursive=True)
+    after = select(func.min(messages.c.transcript)).where(
+        of_run, messages.c.transcript > names.c.name
+    )
+    names = names.union_all(select(after.scalar_subquery()).where(names.c.name.is_not(None)))
+    return select(names.c.name).where(names.c.name.is_not(None)).limit(limit)
 
 
 def resolve_blobs(conn: Connection, bodies: list[str | None]) -> list[str]:

@@ -38,6 +38,8 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         created_at, run_id = json.loads(raw)
         if type(created_at) not in (int, float) or not isinstance(run_id, str):
             raise ValueError
+        if "\x00" in run_id:  # no run id holds one; Postgres text cannot
+            raise ValueError
         return float(created_at), run_id
     except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
         raise BadInput(f"page cursor {cursor!r:.80} is not one this console made") from None

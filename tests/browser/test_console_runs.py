@@ -114,3 +114,28 @@ def test_a_hostile_run_id_is_shown_as_text(console: Console, client: Fleet, page
 
     assert page.locator("img[src=x]").count() == 0
     assert dialogs == [], f"a run id ran as script: {dialogs}"
+
+
+def test_older_messages_load_in_place_newest_first(
+    console: Console, client: Fleet, page: Page
+) -> None:
+    """Issue 48, item 9: the run page shows a page of its transcript, newest first;
+    "load older messages" brings the next page in place (htmx), not a new page."""
+    run = client.enqueue("tool_agent", 120, 60)  # 126 messages
+    assert run.wait(timeout=60)
+    page.goto(console.run_url(run.id))
+    listed = page.locator('section.transcript[data-name="main"] ol[reversed] li.message')
+    expect(listed).to_have_count(50)
+    expect(listed.first).to_have_attribute("value", "125")
+    expect(page.locator("table#steps tr[data-step-id=call_read_0]")).to_contain_text("read_note")
+    page.evaluate("window.__stayed = true")
+    more = page.locator('section.transcript[data-name="main"] li.more a')
+    more.click()
+    expect(listed).to_have_count(100)
+    expect(listed.nth(99)).to_have_attribute("value", "26")
+    expect(page.locator("li.marker")).to_contain_text("messages 0–59 summarized")
+    more.click()
+    expect(listed).to_have_count(126)
+    expect(listed.last).to_have_attribute("value", "0")
+    expect(more).to_have_count(0)
+    assert page.evaluate("window.__stayed === true"), "the page was reloaded"

@@ -50,6 +50,15 @@ class Web:
         return self.page(response.headers["location"])
 
 
+def parked_on_budget(client: Fleet, drain: Any, run_id: str) -> Any:
+    """A run of ``chain`` parked on its token budget (needs a decision); ``drain``
+    runs its steps (``InlineBroker.drain``)."""
+    run = client.enqueue("chain", 6, run_id=run_id, budget={"tokens": 33})
+    drain()
+    assert run.status() == "needs_decision"
+    return run
+
+
 def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 
-from fleet import Fleet
-from tests.console.conftest import Web, error_line
+import pytest
+
+from fleet import Fleet, Secret
+from tests.console.conftest import Web, error_line, parked_on_budget
 from tests.console.dom import parse
-from tests.harness import Cluster, InlineBroker, poll
+from tests.harness import Cluster, InlineBroker, everything_in_the_store, poll
 
 GATE = "wait:approval#1"  # the approval flow's one wait
 
@@ -112,7 +114,7 @@ def test_refusals_are_one_line_and_change_nothing(
             "raise-budget",
             {"run_id": "live", "tokens": "lots"},
             400,
-            "tokens must be a whole number of 1 or more",
+            "tokens must be a whole number, got 'lots'",
         ),
         ("raise-budget", {"run_id": "live"}, 400, "give a new token budget"),
         (
@@ -124,6 +126,8 @@ def test_refusals_are_one_line_and_change_nothing(
         ("replay", {"letter_id": "77"}, 404, "unknown dead letter 77"),
         ("replay-all", {"rate": "0"}, 400, "rate must be a positive number"),
         ("replay-all", {"rate": "fast"}, 400, "rate 'fast' is not a number"),
+        ("replay-all", {"rate": "0.0000001"}, 400, "rate must be 0.01 to 100 per second"),
+        ("replay-all", {"rate": "101"}, 400, "rate must be 0.01 to 100 per second, got 101"),
         ("replay-all", {}, 409, "no dead letter waits for a replay"),
         ("launch", {}, 404, "unknown action 'launch'"),
     ]
@@ -198,9 +202,7 @@ def test_reject_and_signal_send_the_payload(web: Web, client: Fleet, inline: Inl
 def test_raise_budget_lets_a_parked_run_go_on(
     web: Web, client: Fleet, inline: InlineBroker
 ) -> None:
-    run = client.enqueue("chain", 6, run_id="b1", budget={"tokens": 33})
-    inline.drain()
-    assert run.status() == "needs_decision"
+    run = parked_on_budget(client, inline.drain, "b1")
     doc = web.page("/runs/b1")
     assert doc.by_id("raise-budget").get("action") == "/actions/raise-budget"
     page = web.act("raise-budget", run_id="b1", tokens="1000", why="worth it")
@@ -269,3 +271,58 @@ def test_resolve_an_effect_in_doubt_from_its_page(
     assert page.by_id("flash").text == "step send_plain#1 of run doubt resolved as happened"
     assert run.wait(timeout=60) == {"receipt": "checked by hand"}
     assert ("ada", "resolve", "provider dashboard shows it sent") in _audit(client, "doubt")
+
+
+def test_a_secret_in_a_replayed_input_stays_a_secret(
+    web: Web, client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 48, item 3: the form showed ``Secret.env('…')`` as text, and sending it back
+    unchanged replayed the step with that string for its secret."""
+    monkeypatch.delenv("FLEET_TEST_SECRET", raising=False)
+    run = client.enqueue("secretive", run_id="needs-key")
+    inline.drain()
+    (letter,) = client.dead_letters()
+    assert letter.input == {"args": [Secret.env("FLEET_TEST_SECRET"), False], "kwargs": {}}
+    shown = web.page(f"/dead-letters/{letter.id}").by_id("replay").one("textarea", name="input")
+    marker = {"$fleet_secret": "FLEET_TEST_SECRET"}
+    assert json.loads(shown.text) == {"args": [marker, False], "kwargs": {}}
+    monkeypatch.setenv("FLEET_TEST_SECRET", "hunter2-value")
+    confirm = web.post("replay", confirm=False, letter_id=str(letter.id), input=shown.text)
+    assert "with the edited input" not in parse(confirm.text).one("p", class_="question").text
+    web.act("replay", letter_id=str(letter.id), input=shown.text, why="key set")
+    inline.drain()
+    assert run.wait(timeout=10) == {
+        "length": len("hunter2-value"),
+        "repr": "Secret.env('FLEET_TEST_SECRET')",
+    }, "the step was handed the secret, not a string"
+    assert "hunter2-value" not in everything_in_the_store(client)
+
+
+def test_an_edited_input_keeps_its_secrets_and_one_is_not_true(
+    web: Web, client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FLEET_TEST_SECRET", raising=False)
+    monkeypatch.delenv("OTHER_KEY", raising=False)
+    client.enqueue("secretive", run_id="edited-key")
+    inline.drain()
+    (letter,) = client.dead_letters()
+    # The same input, written otherwise: not an edit.
+    same = '{"args":[{"$fleet_secret":"FLEET_TEST_SECRET"},false],\n"kwargs": {}}'
+    confirm = web.post("replay", confirm=False, letter_id=str(letter.id), input=same)
+    assert "with the edited input" not in parse(confirm.text).one("p", class_="question").text
+    # 0 for false is an edit (Python's 0 == False is not the store's).
+    for edited in (
+        '[{"$fleet_secret": "FLEET_TEST_SECRET"}, 0]',
+        '[{"$fleet_secret": "OTHER_KEY"}, false]',
+    ):
+        confirm = web.post("replay", confirm=False, letter_id=str(letter.id), input=edited)
+        assert "with the edited input" in parse(confirm.text).one("p", class_="question").text
+    bad = web.post("replay", letter_id=str(letter.id), input='[{"$fleet_secret": "no such"}]')
+    assert bad.status_code == 400 and "secret name 'no such'" in error_line(bad)
+    monkeypatch.setenv("OTHER_KEY", "abc")
+    web.act("replay", letter_id=str(letter.id), input='[{"$fleet_secret": "OTHER_KEY"}, false]')
+    inline.drain()
+    assert client.run("edited-key").wait(timeout=10) == {
+        "length": 3,
+        "repr": "Secret.env('OTHER_KEY')",
+    }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import re
 import signal
+import socket
 from dataclasses import replace
 
 import httpx
@@ -67,11 +68,107 @@ def test_basic_auth(client: Fleet) -> None:
 
 
 def test_a_trusted_proxys_header_names_the_user(client: Fleet) -> None:
-    with TestClient(app(client, proxy_header="X-Forwarded-User")) as http:
+    proxy = ("10.0.0.5", 40000)
+    console = app(client, proxy_header="X-Forwarded-User", trusted_proxies="10.0.0.0/24")
+    with TestClient(console, client=proxy) as http:
         assert http.get("/runs").status_code == 401
         ok = http.get("/runs", headers={"X-Forwarded-User": "grace@example.com"})
         assert ok.status_code == 200
         assert parse(ok.text).by_id("user").text == "grace@example.com"
+
+
+def _who(console: object, peer: str, **headers: str) -> str | int:
+    """The user the console signs a request from ``peer`` in as, or its status."""
+    with TestClient(console, client=(peer, 40000)) as http:  # type: ignore[arg-type]
+        response = http.get("/runs", headers=headers)
+    if response.status_code != 200:
+        return response.status_code
+    return parse(response.text).by_id("user").text
+
+
+def test_the_proxy_header_counts_only_from_a_trusted_proxy(client: Fleet) -> None:
+    """Issue 48, item 13: the header signed in anyone who sent it, over basic auth."""
+    forged = {"X-Remote-User": "mallory"}
+    ada = {"Authorization": basic("ada", "s3cret")}
+    listed = app(
+        client, auth=AUTH, proxy_header="X-Remote-User", trusted_proxies="10.0.0.5, fd00::/8"
+    )
+    assert _who(listed, "203.0.113.9", **forged) == 401, "from anyone else: ignored"
+    assert _who(listed, "203.0.113.9", **forged, **ada) == "ada", "basic auth, not the header"
+    assert _who(listed, "127.0.0.1", **forged) == 401, "loopback is not listed"
+    assert _who(listed, "testclient", **forged) == 401, "not an address at all"
+    assert _who(listed, "10.0.0.5", **forged, **ada) == "mallory", "the proxy's word wins"
+    assert _who(listed, "::ffff:10.0.0.5", **forged) == "mallory", "a dual-stack IPv4 peer"
+    assert _who(listed, "fd00::7", **forged) == "mallory"
+    assert _who(listed, "10.0.0.6", **forged) == 401
+    # Without a list, only a proxy on this host (loopback) is trusted.
+    local = app(client, proxy_header="X-Remote-User")
+    assert _who(local, "127.0.0.1", **forged) == "mallory"
+    assert _who(local, "::1", **forged) == "mallory"
+    assert _who(local, "192.0.2.2", **forged) == 401
+
+
+def test_a_proxy_header_off_loopback_needs_its_trusted_proxies(client: Fleet) -> None:
+    from fleet.console.auth import NEEDS_PROXIES
+
+    for host in ("0.0.0.0", "::", "192.0.2.2", "example.com"):
+        with pytest.raises(BadInput) as refused:
+            app(client, proxy_header="X-Remote-User", host=host)
+        assert str(refused.value) == NEEDS_PROXIES.format(host=host)
+        assert "FLEET_CONSOLE_TRUSTED_PROXIES" in str(refused.value)
+    app(client, proxy_header="X-Remote-User", host="127.0.0.1")
+    app(client, proxy_header="X-Remote-User", host="0.0.0.0", trusted_proxies="10.0.0.5")
+    app(client, auth=AUTH, host="0.0.0.0")  # no header: nothing to trust
+    for bad in ("10.0.0.300", "proxy.internal", "10.0.0.5,,10.0.0.6", "10.0.0.0/33"):
+        with pytest.raises(BadInput, match="FLEET_CONSOLE_TRUSTED_PROXIES must be IP"):
+            app(client, proxy_header="X-Remote-User", trusted_proxies=bad)
+    env = {"FLEET_CONSOLE_PROXY_HEADER": "X-User", "FLEET_CONSOLE_TRUSTED_PROXIES": "10.0.0.5"}
+    client.settings = Settings.from_env(env)
+    assert client.settings.console_trusted_proxies == "10.0.0.5"
+    assert _who(app(client, host="0.0.0.0"), "10.0.0.5", **{"X-User": "grace"}) == "grace"
+
+
+def _outward_address() -> str | None:
+    """This host's address on its way out (not loopback), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if is_loopback(address) else address
+
+
+def test_through_the_real_server_the_header_is_ignored_from_elsewhere(
+    backend: Backend, client: Fleet
+) -> None:
+    outward = _outward_address()
+    if outward is None:
+        pytest.skip("this host has no address but loopback")
+    env = backend.env(
+        FLEET_CONSOLE_AUTH="ada:s3cret",
+        FLEET_CONSOLE_PROXY_HEADER="X-Remote-User",
+        FLEET_CONSOLE_TRUSTED_PROXIES="127.0.0.1",
+    )
+    argv = ["console", "-A", "tests.flows", "--host", "0.0.0.0", "--port", "0"]
+    proc = FleetProcess("console", argv, env, backend.workdir)
+    try:
+        assert proc.wait_for_output("fleet console: http", 60), proc.output()
+        found = re.search(r"fleet console: http://0\.0\.0\.0:(\d+)/", proc.output())
+        assert found, proc.output()
+        port = found.group(1)
+        forged = {"X-Remote-User": "mallory"}
+        away = httpx.get(f"http://{outward}:{port}/runs", headers=forged)
+        assert away.status_code == 401, "mallory, not from the proxy, is not signed in"
+        ada = httpx.get(
+            f"http://{outward}:{port}/runs",
+            headers={**forged, "Authorization": basic("ada", "s3cret")},
+        )
+        assert ada.status_code == 200 and parse(ada.text).by_id("user").text == "ada"
+        proxied = httpx.get(f"http://127.0.0.1:{port}/runs", headers={"X-Remote-User": "grace"})
+        assert proxied.status_code == 200 and parse(proxied.text).by_id("user").text == "grace"
+    finally:
+        proc.stop()
 
 
 def test_no_auth_is_anonymous(client: Fleet) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -40,6 +41,13 @@ class Store:
         with self.lock:
             self.renders += 1
             return f"<p>{self.mark}</p>"
+
+
+def browser(console: object) -> httpx.AsyncClient:
+    """Signed-in requests straight to the console's ASGI app, several at once."""
+    transport = httpx.ASGITransport(app=console)  # type: ignore[arg-type]
+    headers = {"Authorization": basic(*USER)}
+    return httpx.AsyncClient(transport=transport, base_url="http://console", headers=headers)
 
 
 def test_many_subscribers_share_one_watcher_polling_once_per_interval(
@@ -157,8 +165,6 @@ def test_event_streams_send_the_run_region_and_the_runs_rows(
 def test_ten_browsers_on_one_run_cost_one_fingerprint_query_per_interval(
     client: Fleet, inline: InlineBroker
 ) -> None:
-    import httpx
-
     client.enqueue("approval", run_id="watched")
     inline.drain()
     interval, seconds, browsers = 0.1, 1.0, 10
@@ -183,11 +189,7 @@ def test_ten_browsers_on_one_run_cost_one_fingerprint_query_per_interval(
     queries.run = counted_run  # type: ignore[method-assign]
 
     async def watch_all() -> list[httpx.Response]:
-        transport = httpx.ASGITransport(app=console)
-        headers = {"Authorization": basic(*USER)}
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://console", headers=headers
-        ) as http:
+        async with browser(console) as http:
             return await asyncio.gather(
                 *(http.get("/events/run", params={"id": "watched"}) for _ in range(browsers))
             )
@@ -225,3 +227,57 @@ def test_a_fingerprint_is_one_statement(client: Fleet, inline: InlineBroker) -> 
     finally:
         event.remove(client.runtime.db.engine, "before_cursor_execute", seen)
     assert len(sent) == 2, sent
+
+
+def test_junk_parameters_do_not_split_the_runs_lists_watcher(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    """Issue 48, item 10: ``/events/runs?x=1`` … ``x=40`` was 40 watchers, each asking
+    the store every interval. The watcher is keyed by the list's normalised filters."""
+    client.enqueue("approval", run_id="listed")
+    inline.drain()
+    # Streams long enough for all 44 to be open at once on a loaded host.
+    interval, seconds = 0.1, 4.0
+    console = app(client, auth=AUTH, live_interval=interval, stream_seconds=seconds)
+    hub = console.state.console.hub
+    browse = console.state.console.browse
+    asked: list[object] = []
+    real = browse.runs_fingerprint
+
+    def counted(*args: object, **kwargs: object) -> str:
+        asked.append(args)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    browse.runs_fingerprint = counted  # type: ignore[method-assign]
+    # The same list, written 44 ways: junk parameters, order, spaces, "1h" and "60m".
+    queries = [{"status": "waiting", f"x{i}": str(i)} for i in range(40)]
+    queries += [
+        {"status": " waiting ", "since": "1h"},
+        {"since": "60m", "status": "waiting"},
+        {"since": "3600s", "status": "waiting", "q": ""},
+        {"status": "waiting", "since": "1h", "after": "junk"},
+    ]
+    watchers: list[int] = []
+
+    async def count_watchers() -> None:
+        """The watchers once every stream is open (all subscribed), within the streams."""
+        deadline = time.monotonic() + seconds / 2
+        while sum(w.subscribers for w in list(hub.watchers.values())) < len(queries):
+            assert time.monotonic() < deadline, "the streams did not all open"
+            await asyncio.sleep(0.01)
+        watchers.append(len(hub.watchers))
+
+    async def watch_all() -> list[httpx.Response]:
+        async with browser(console) as http:
+            found = await asyncio.gather(
+                *(http.get("/events/runs", params=q) for q in queries), count_watchers()
+            )
+            return [r for r in found if r is not None]
+
+    started = time.monotonic()
+    responses = asyncio.run(watch_all())
+    elapsed = time.monotonic() - started
+    assert all(r.status_code == 200 and 'data-run-id="listed"' in r.text for r in responses)
+    # Two lists: "waiting", and "waiting since an hour ago" (however it was written).
+    assert watchers == [2], watchers
+    assert 0 < len(asked) <= 2 * (elapsed / interval + 2), (len(asked), elapsed)

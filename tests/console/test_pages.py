@@ -3,6 +3,8 @@ escaped, bad input one line in ``#error`` with a 4xx."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fleet import Fleet
@@ -10,7 +12,7 @@ from fleet.console import pages
 from fleet.errors import BadInput
 from tests.console.conftest import Web
 from tests.console.dom import Node, parse
-from tests.harness import InlineBroker, poll
+from tests.harness import Cluster, InlineBroker, poll
 
 HOSTILE = "<script>alert(1)</script>[bold]"
 # A run id cannot hold "/" (those are child runs'): the same attack without it.
@@ -308,35 +310,89 @@ def test_incidents_are_counted_per_kind_per_five_minutes() -> None:
 
     now = 10_000.0
     start = (now - 3600) // BUCKET * BUCKET
-    rows = [(start, "takeover", 2), (start + 2 * BUCKET, "takeover", 1), (now, "fenced_write", 4)]
+    current = now // BUCKET * BUCKET
+    rows = [
+        (start, "takeover", 2),
+        (start + 2 * BUCKET, "takeover", 1),
+        (current, "fenced_write", 4),
+    ]
     buckets, kinds = incident_table(rows, now)
     assert buckets[0] == start and buckets[-1] <= now < buckets[-1] + BUCKET
     assert kinds["takeover"][:3] == [2, 0, 1] and sum(kinds["takeover"]) == 3
     assert kinds["fenced_write"][-1] == 4 and list(kinds) == ["fenced_write", "takeover"]
 
 
-def test_an_unreachable_broker_shows_unavailable_depths(client: Fleet) -> None:
+def test_incidents_are_counted_under_the_five_minutes_they_happened_in(
+    web: Web, client: Fleet
+) -> None:
+    """Issue 48, item 20: a takeover at 00:47:27 was counted under 00:40, one at 00:49:00
+    and an error at 00:51:16 under 00:45. Incidents recorded at those minutes and
+    seconds (of the hour before the store's now) are each under their own bucket."""
+    from sqlalchemy import insert
+
+    from fleet.store.schema import incidents
+
+    now = web.app.state.console.browse.now()
+    # A quarter hour 20-35 minutes ago, read as 00:45: its first five minutes end at
+    # 00:50, which the test's incidents are on either side of.
+    q = (now - 1200) // 900 * 900
+    at = {
+        "takeover": [q + 2 * 60 + 27, q + 4 * 60],  # 00:47:27, 00:49:00
+        "fenced_write": [q + 6 * 60 + 16, q + 5 * 60],  # 00:51:16, 00:50:00
+        "duplicate_delivery": [q + 9 * 60 + 59.9],  # 00:54:59.9
+    }
+    with client.runtime.db.begin() as conn:  # written as they were at those times
+        for kind, times in at.items():
+            for t in times:
+                conn.execute(insert(incidents).values(kind=kind, run_id="r", at=t))
+    table = web.page("/fleet").by_id("incidents")
+    labels = [th.text for th in table.one("thead").all("th")][1:-1]
+    found = {}
+    for row in table.all("tr"):
+        if row.get("data-kind"):
+            counts = [int(td.text) for td in row.all("td")[1:-1]]
+            found[row.get("data-kind")] = {k: n for k, n in zip(labels, counts, strict=True) if n}
+    first, second = (time.strftime("%H:%M", time.gmtime(b)) for b in (q, q + 300))
+    assert found == {
+        "takeover": {first: 2},
+        "fenced_write": {second: 2},
+        "duplicate_delivery": {second: 1},
+    }, found
+
+
+def test_an_unreachable_broker_is_one_line_and_the_store_is_still_shown(
+    client: Fleet, cluster: Cluster
+) -> None:
+    """Issue 48, item 6: with the broker away, /fleet answered 500 (the limits' use is
+    read from the broker's Redis)."""
     from dataclasses import replace
 
-    from fleet.console.fleet_view import queue_depths
+    from starlette.testclient import TestClient
 
+    from fleet.console import app
+    from tests.console.conftest import AUTH, basic
+
+    cluster.worker("w1")
+    run = client.enqueue("chain", 2, 30.0, run_id="holding")  # a step that holds its lease
+    poll(lambda: any(s.status == "running" for s in run.steps()), 60, "a step to be running")
     away = client.with_settings(replace(client.settings, broker_url="redis://127.0.0.1:1/0"))
-    assert queue_depths(away, ["fleet"]) == {"fleet": None}
-
-
-def test_run_page_shows_its_transcript_raw_and_windowed(
-    web: Web, client: Fleet, inline: InlineBroker
-) -> None:
-    client.enqueue("talks", text=HOSTILE, run_id="chat")
-    inline.drain()
-    response = web.http.get("/runs/chat")
-    assert "<script>alert" not in response.text
-    section = parse(response.text).by_id("transcript").one("section", data_name="main")
-    raw = section.one("details", class_="raw").all("li")
-    assert [li.one("b").text for li in raw] == ["user", "assistant"]
-    assert HOSTILE in raw[0].text
-    window = section.one("details", class_="window").all("li")
-    assert "gist: " in window[0].text, "the window leads with the compaction's summary"
+    away.limit("provider", concurrency=2)
+    with TestClient(
+        app(away, auth=AUTH), headers={"Authorization": basic("ada", "s3cret")}
+    ) as http:
+        response = http.get("/fleet")
+    assert response.status_code == 200, response.text[-2000:]
+    doc = parse(response.text)
+    line = doc.by_id("broker-down").text
+    assert line.startswith("the broker is unreachable (") and "\n" not in line, line
+    assert "127.0.0.1:1" in line
+    depths = {td.text for td in doc.by_id("queues").all("td", class_="depth")}
+    assert depths == {"unavailable"}
+    assert "unavailable" in doc.by_id("limits").text
+    # What the store knows: the worker holding a lease, the incidents table.
+    (held,) = [r for r in doc.by_id("workers").all("tr") if r.get("data-worker")]
+    assert (held.get("data-worker") or "").startswith("w1:") and "holding" in held.text
+    assert doc.by_id("incidents")
 
 
 def test_a_step_with_a_fenced_or_lost_attempt_is_marked_an_incident() -> None:
