@@ -11,6 +11,7 @@ from typing import Any
 
 from fleet.durations import env_duration
 from fleet.errors import BadInput
+from fleet.registry import check_queue_part
 
 DEFAULT_HOME = ".fleet"
 
@@ -68,6 +69,15 @@ def _gc_threshold(env: Mapping[str, str], default: tuple[int, int, int] | None) 
             "(the first at least 1), or python"
         )
     return tuple(int(p) for p in parts)
+
+
+def _queue(name: str) -> str:
+    """``FLEET_QUEUE``: the first part of every queue's name, so one every broker carries
+    (see ``fleet.registry.QUEUE_CHARS``); RabbitMQ keeps names starting ``amq.`` for itself."""
+    check_queue_part(name, "FLEET_QUEUE", 64)
+    if name.startswith("amq."):
+        raise BadInput(f"FLEET_QUEUE={name!r} must not start with 'amq.' (RabbitMQ's own)")
+    return name
 
 
 @dataclass(frozen=True)
@@ -151,7 +161,7 @@ class Settings:
             sweep_grace=_float(env, "FLEET_SWEEP_GRACE", cls.sweep_grace),
             max_payload_bytes=int(_float(env, "FLEET_MAX_PAYLOAD_BYTES", cls.max_payload_bytes)),
             max_blob_bytes=int(_float(env, "FLEET_MAX_BLOB_BYTES", cls.max_blob_bytes)),
-            queue=env.get("FLEET_QUEUE") or cls.queue,
+            queue=_queue(env.get("FLEET_QUEUE") or cls.queue),
             worker_name=env.get("FLEET_WORKER_NAME", ""),
             visibility_timeout_seconds=_float(env, "FLEET_VISIBILITY_TIMEOUT", 0.0),
             broker_redelivery=_flag(env, "FLEET_BROKER_REDELIVERY", cls.broker_redelivery),

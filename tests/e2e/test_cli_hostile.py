@@ -22,7 +22,7 @@ from tests.harness import Backend, InlineBroker, poll
 
 MARKUP = hostile_app.MARKUP
 # An enqueued run's id has no "/" (child runs' ids do), so the ids carry Rich's opening
-# tags only; the closing "[/]" is in the workflow's name, the errors and the values.
+# tags only; the closing "[/]" is in the errors and the values.
 ID_MARKUP = "[bold]b [link=https:x]y [red]r"
 FAILED_RUN = "run" + ID_MARKUP
 GOOD_RUN = "ok" + ID_MARKUP
