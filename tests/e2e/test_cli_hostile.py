@@ -205,3 +205,18 @@ def test_metrics_listens_on_loopback_and_a_port_in_use_is_one_line(
         )
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_console_on_a_port_in_use_is_one_line(backend: Backend, client: Fleet) -> None:
+    """uvicorn logged its own line and exited 3; the port is the operator's to change:
+    one line and exit 2, as ``fleet metrics`` says it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        one_line_error(
+            fleet_cli(backend, "console", "--no-auth", "--port", str(port)),
+            f"cannot listen on 127.0.0.1:{port}",
+            "in use",
+        )
