@@ -67,7 +67,7 @@ def worker(
     """Start a Celery worker that advances runs and executes steps."""
     guard(lambda: check_worker_options(concurrency, pool, loglevel))
     fleet = guard(lambda: open_fleet(app_, create=True))
-    setup_logging(loglevel)
+    setup_logging(loglevel, fleet.settings.log_format)
     argv = [
         "worker",
         f"--loglevel={loglevel}",
@@ -124,7 +124,7 @@ def sweeper(
         guard(lambda: positive(interval, "--interval"))
     guard(lambda: check_loglevel(loglevel))
     fleet = guard(lambda: _sweeper_fleet(app_, interval))
-    setup_logging(loglevel)
+    setup_logging(loglevel, fleet.settings.log_format)
     run_sweeper(fleet.runtime, _until_signalled())
 
 
@@ -151,7 +151,7 @@ def metrics(
     guard(lambda: check_port(port))
     guard(lambda: check_loglevel(loglevel))
     fleet = guard(lambda: open_fleet(app_))
-    setup_logging(loglevel)
+    setup_logging(loglevel, fleet.settings.log_format)
     server = guard(lambda: _serve_metrics(fleet, address, port))
     logging.getLogger("fleet.metrics").info("serving /metrics on %s:%d", address, port)
     _until_signalled().wait()
