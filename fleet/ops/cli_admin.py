@@ -19,6 +19,7 @@ import typer
 
 from fleet import codec
 from fleet.app import Fleet
+from fleet.bounds import INT32, whole
 from fleet.errors import BadInput
 from fleet.logs import setup_logging
 from fleet.ops.cli_common import (
@@ -36,6 +37,8 @@ from fleet.ops.loader import load_fleet
 from fleet.ops.render import dead_letter_view, dead_letters_table
 from fleet.records import DeadLetterInfo
 from fleet.worker.sweeper import run_sweeper
+
+MIN_RATE, MAX_RATE = 0.01, 1000.0  # dead letters replayed a second with --all
 
 
 def _until_signalled() -> threading.Event:
@@ -214,6 +217,7 @@ def dlq_show(letter_id: int, app_: AppOpt = None) -> None:
     """Everything about one dead letter: input, error, traceback, attempts, times."""
 
     def body() -> None:
+        whole(letter_id, "dead letter id", low=1, high=INT32)
         fleet = open_fleet(app_)
         letter = fleet.runtime.queries.dead_letter(letter_id)
         if letter is None:
@@ -243,7 +247,9 @@ def dlq_replay(
             raise BadInput("give one dead letter id, or --all")
         if all_ and input_ is not None:
             raise BadInput("--input goes with one dead letter id, not --all")
-        positive(rate, "--rate")
+        if letter_id is not None:
+            whole(letter_id, "dead letter id", low=1, high=INT32)
+        check_rate(rate)
         fleet = open_fleet(app_)
         if letter_id is not None:
             kwargs = (
@@ -261,6 +267,14 @@ def dlq_replay(
         say(f"{len(letters)} dead letter(s) replayed")
 
     guard(body)
+
+
+def check_rate(rate: float) -> float:
+    """``--rate``: replays a second, from one a 100 seconds to a thousand a second (a
+    rate below would leave the command sleeping for days between two replays)."""
+    if not (MIN_RATE <= rate <= MAX_RATE):  # NaN fails both comparisons
+        raise BadInput(f"--rate must be between {MIN_RATE} and {MAX_RATE} per second, got {rate}")
+    return rate
 
 
 # --- retention --------------------------------------------------------------------------
@@ -283,8 +297,7 @@ def prune(
 
     def body() -> None:
         age = parse_duration(finished_before, "--finished-before")
-        if batch < 1:
-            raise BadInput(f"--batch must be at least 1, got {batch}")
+        whole(batch, "--batch", low=1, high=INT32)
         result = open_fleet(app_).prune(age, dry_run=dry_run, batch=batch)
         rows = ", ".join(
             f"{n} {name.replace('_', ' ')}"

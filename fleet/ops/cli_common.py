@@ -71,6 +71,13 @@ def open_fleet(target: str | None, *, schema: bool = True, create: bool = False)
     return fleet
 
 
+def need_app(target: str | None, why: str) -> None:
+    """``BadInput`` unless ``-A`` named an app: without one, no workflow, step or limit
+    is registered, and a command that needs them would say "unknown" or "none"."""
+    if not target:
+        raise BadInput(f"no app loaded: pass -A APP, the module that {why} (e.g. -A myapp.flows)")
+
+
 def actor() -> str:
     """Who a steering command acts as in the audit: ``cli:<login name>``."""
     try:

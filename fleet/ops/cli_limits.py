@@ -15,7 +15,7 @@ from rich.text import Text
 
 from fleet.app import Fleet
 from fleet.limits import LimitUse
-from fleet.ops.cli_common import AppOpt, console, guard, open_fleet
+from fleet.ops.cli_common import AppOpt, console, guard, need_app, open_fleet
 from fleet.ops.render import as_json
 from fleet.worker.gate import uses
 
@@ -27,6 +27,7 @@ def limits(
     """Each limit's use, room and waiting steps."""
 
     def body() -> None:
+        need_app(app_, "declares the limits with fleet.limit")
         fleet = open_fleet(app_)
         rows = limit_rows(fleet)
         if json_:

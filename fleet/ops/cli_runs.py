@@ -18,8 +18,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fleet import codec
 from fleet.app import Fleet
+from fleet.bounds import INT32, whole
 from fleet.errors import BadInput
-from fleet.ops.cli_common import AppOpt, actor, console, err, guard, open_fleet, say
+from fleet.ops.cli_common import (
+    AppOpt,
+    actor,
+    console,
+    err,
+    guard,
+    need_app,
+    open_fleet,
+    positive,
+    say,
+)
 from fleet.ops.render import as_json, clip, one_line, run_view, runs_table
 from fleet.states import RunStatus, StepKind, StepStatus
 from fleet.worker import gate
@@ -35,6 +46,7 @@ def enqueue(
     """Start a run; prints its id. The same --run-id twice is one run."""
 
     def body() -> str:
+        need_app(app_, f"defines workflow {workflow!r}")
         # Fleet.enqueue checks (and may create) the store once the input is known good.
         fleet = open_fleet(app_, schema=False)
         values = [
@@ -59,8 +71,7 @@ def runs(
     def body() -> None:
         if status is not None and status not in {s.value for s in RunStatus}:
             raise BadInput(f"unknown status {status!r} (one of: {', '.join(RunStatus)})")
-        if limit < 1:
-            raise BadInput(f"--limit must be at least 1, got {limit}")
+        whole(limit, "--limit", low=1, high=INT32)
         q = open_fleet(app_).runtime.queries
         rows = q.runs(status, limit, children=children, tenant=tenant)
         ids = [r.id for r in rows]
@@ -153,6 +164,8 @@ def watch(
     """A live progress bar of steps done over steps recorded, until the run ends."""
 
     def body() -> int:
+        if timeout is not None:
+            positive(timeout, "--timeout")
         fleet = open_fleet(app_)
         handle = fleet.run(run_id)
         return follow(fleet, handle.id, timeout)
@@ -250,8 +263,11 @@ def resolve(
 
 
 def parse_budget(raw: str) -> dict[str, Any]:
-    """``tokens=N`` (a whole number) or ``cost=X``, positive and finite."""
+    """``tokens=N`` (a whole number the store can keep) or ``cost=X``, positive and finite."""
     key, _, value = raw.partition("=")
+    if key == "tokens" and value.strip().isdigit():
+        # As text, not through float: 10**23 must be refused as itself, not rounded.
+        return {"tokens": whole(value, f"--raise-budget {key}", low=1)}
     try:
         amount = float(value)
     except ValueError:
