@@ -78,6 +78,17 @@ def need_app(target: str | None, why: str) -> None:
         raise BadInput(f"no app loaded: pass -A APP, the module that {why} (e.g. -A myapp.flows)")
 
 
+def broker_unreachable(fleet: Fleet) -> str | None:
+    """None if the broker answers within a few seconds; otherwise one line saying why.
+    Asked once, not retried: an operator's command reports, it does not wait."""
+    try:
+        with fleet.celery.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=0, timeout=3)
+    except Exception as exc:  # kombu's OperationalError, or a transport's own error
+        return f"broker unreachable ({one_line(exc)})"
+    return None
+
+
 def actor() -> str:
     """Who a steering command acts as in the audit: ``cli:<login name>``."""
     try:

@@ -23,6 +23,7 @@ from fleet.errors import BadInput
 from fleet.ops.cli_common import (
     AppOpt,
     actor,
+    broker_unreachable,
     console,
     err,
     guard,
@@ -115,6 +116,10 @@ def _waiting_on_limits(fleet: Fleet, run: Any) -> dict[str, tuple[str, str]]:
     """A live run's steps waiting for room in a limit: step id → (limit, why). Asked
     only where limits are declared and the run is live (no limiter otherwise)."""
     if not fleet.registry.limits or run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+        return {}
+    down = broker_unreachable(fleet)
+    if down is not None:  # the limiter's Redis: the rest of the status still shows
+        say(f"{down}: not shown which steps wait on a limit", to=err)
         return {}
     return gate.waiting_on(fleet.runtime, run.id)
 
