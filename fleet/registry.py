@@ -180,7 +180,7 @@ def check_queue_part(text: str, what: str, limit: int) -> str:
     if not (0 < len(text) <= limit and QUEUE_CHARS.fullmatch(text)):
         raise BadInput(
             f"{what} {text!r:.80} must be 1-{limit} characters of A-Z a-z 0-9 . _ - "
-            "(it names the workflow's queue, and brokers refuse other characters)"
+            "(a queue's name is made of it, and brokers refuse other characters)"
         )
     return text
 

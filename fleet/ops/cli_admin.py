@@ -26,6 +26,7 @@ from fleet.ops.cli_common import (
     AppOpt,
     LogLevelOpt,
     actor,
+    check_broker,
     check_loglevel,
     console,
     guard,
@@ -36,9 +37,11 @@ from fleet.ops.cli_common import (
 from fleet.ops.loader import load_fleet
 from fleet.ops.render import dead_letter_view, dead_letters_table
 from fleet.records import DeadLetterInfo
+from fleet.registry import check_queue_part
 from fleet.worker.sweeper import run_sweeper
 
 MIN_RATE, MAX_RATE = 0.01, 1000.0  # dead letters replayed a second with --all
+MAX_CONCURRENCY = 10_000  # a worker's slots: threads, processes or greenlets
 
 
 def _until_signalled() -> threading.Event:
@@ -68,8 +71,8 @@ def worker(
     ] = False,
 ) -> None:
     """Start a Celery worker that advances runs and executes steps."""
-    guard(lambda: check_worker_options(concurrency, pool, loglevel))
-    fleet = guard(lambda: open_fleet(app_, create=True))
+    guard(lambda: check_worker_options(concurrency, pool, loglevel, queues))
+    fleet = guard(lambda: _started(open_fleet(app_, schema=False)))
     setup_logging(loglevel, fleet.settings.log_format)
     argv = [
         "worker",
@@ -106,11 +109,14 @@ def run_celery(fleet: Fleet, argv: list[str]) -> int:
     return code if isinstance(code, int) else 0
 
 
-def check_worker_options(concurrency: int, pool: str, loglevel: str) -> None:
+def check_worker_options(
+    concurrency: int, pool: str, loglevel: str, queues: str | None = None
+) -> None:
     from celery.concurrency import get_available_pool_names
 
-    if concurrency < 1:
-        raise BadInput(f"--concurrency must be at least 1, got {concurrency}")
+    whole(concurrency, "--concurrency", low=1, high=MAX_CONCURRENCY)
+    for queue in (queues or "").split(",") if queues else ():
+        check_queue_part(queue.strip(), "--queues names a queue:", 255)
     pools = get_available_pool_names()
     if pool not in pools:
         raise BadInput(f"--pool {pool!r}: one of {', '.join(pools)}")
@@ -138,6 +144,13 @@ def _sweeper_fleet(target: str | None, interval: float | None) -> Fleet:
     fleet = load_fleet(target)
     if interval is not None:
         fleet = fleet.with_settings(replace(fleet.settings, sweep_interval=interval))
+    return _started(fleet)
+
+
+def _started(fleet: Fleet) -> Fleet:
+    """A long-lived process's Fleet: its broker URL checked before anything is made, then
+    its store checked, the embedded one created (only a worker or a sweeper may)."""
+    check_broker(fleet)
     fleet.ensure_schema(create=True)
     return fleet
 

@@ -89,6 +89,18 @@ def broker_unreachable(fleet: Fleet) -> str | None:
     return None
 
 
+def check_broker(fleet: Fleet) -> None:
+    """``BadInput`` if no transport carries ``FLEET_BROKER_URL`` (an unknown scheme, its
+    library missing, a malformed address): a worker or sweeper says so before starting.
+    The URL itself is not shown: it may hold a password."""
+    try:
+        with fleet.celery.connection_for_read() as conn:
+            conn.get_transport_cls()
+    except (KeyError, ImportError, ValueError) as exc:
+        reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise BadInput(f"FLEET_BROKER_URL cannot be used: {one_line(reason)}") from None
+
+
 def actor() -> str:
     """Who a steering command acts as in the audit: ``cli:<login name>``."""
     try:

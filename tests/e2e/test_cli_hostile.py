@@ -113,6 +113,10 @@ def test_the_error_line_prints_what_was_typed(backend: Backend, hostile: Fleet) 
         (["watch", "kept", "--timeout", "-1"], {}, ["--timeout", "-1"]),
         (["enqueue", "chain", "1"], {}, ["no app loaded", "-A APP", "workflow 'chain'"]),
         (["limits"], {}, ["no app loaded", "-A APP", "fleet.limit"]),
+        (["worker", "--concurrency", "99999999999999999999"], {}, ["--concurrency", "10000"]),
+        (["worker", "--queues", "fleet,a b"], {}, ["--queues", "'a b'", "A-Z a-z 0-9 . _ -"]),
+        (["worker"], {"FLEET_BROKER_URL": "bogus://x"}, ["FLEET_BROKER_URL", "bogus"]),
+        (["sweeper"], {"FLEET_BROKER_URL": "redis://u:hunter2@[bad"}, ["FLEET_BROKER_URL"]),
     ],
 )
 def test_bad_options_and_settings_are_one_line(
