@@ -25,9 +25,10 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise BadInput(f"{name}={raw!r} is not a number") from None
-    # NaN passes every comparison's "else" and infinity breaks int(): both are refused.
-    if not math.isfinite(value) or value <= 0:
-        raise BadInput(f"{name}={raw!r} must be a positive finite number")
+    # NaN passes every comparison's "else" and infinity breaks int(): both are refused,
+    # and past 1e9 (seconds: 31 years; bytes: Postgres's largest value) a timer overflows.
+    if not math.isfinite(value) or value <= 0 or value > 1e9:
+        raise BadInput(f"{name}={raw!r} must be a positive finite number, at most 1e9")
     return value
 
 

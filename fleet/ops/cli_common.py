@@ -109,10 +109,15 @@ def actor() -> str:
         return f"cli:uid {os.getuid()}"
 
 
-def positive(value: float, option: str) -> float:
-    """A finite number above zero, or one line naming the option (NaN passes ``<= 0``)."""
-    if not math.isfinite(value) or value <= 0:
-        raise BadInput(f"{option} must be a positive number, got {value}")
+# Seconds past this overflow a timer or the platform's clock (about 31 years).
+MAX_SECONDS = 1e9
+
+
+def positive(value: float, option: str, most: float = MAX_SECONDS) -> float:
+    """A finite number above zero, at most ``most``, or one line naming the option (NaN
+    passes ``<= 0``)."""
+    if not math.isfinite(value) or value <= 0 or value > most:
+        raise BadInput(f"{option} must be a positive number up to {most:g}, got {value}")
     return value
 
 

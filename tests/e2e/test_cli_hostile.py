@@ -117,6 +117,9 @@ def test_the_error_line_prints_what_was_typed(backend: Backend, hostile: Fleet) 
         (["worker", "--queues", "fleet,a b"], {}, ["--queues", "'a b'", "A-Z a-z 0-9 . _ -"]),
         (["worker"], {"FLEET_BROKER_URL": "bogus://x"}, ["FLEET_BROKER_URL", "bogus"]),
         (["sweeper"], {"FLEET_BROKER_URL": "redis://u:hunter2@[bad"}, ["FLEET_BROKER_URL"]),
+        # Past 1e9 seconds a timer overflows the clock (the sweeper's OverflowError).
+        (["sweeper", "--interval", "1e300"], {}, ["--interval", "up to 1e+09"]),
+        (["sweeper"], {"FLEET_SWEEP_INTERVAL": "1e300"}, ["FLEET_SWEEP_INTERVAL", "1e9"]),
     ],
 )
 def test_bad_options_and_settings_are_one_line(
