@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -129,6 +130,7 @@ def _status_document(
 ) -> dict[str, Any]:
     """``fleet status --json``: the run, its result loaded, and its task steps (a step
     waiting for room in a limit says which, and why: concurrency, requests, tokens ...)."""
+    made = Counter(a.step_id for a in fleet.runtime.queries.attempts(run.id))
     return {
         "id": run.id,
         "workflow": run.workflow,
@@ -141,7 +143,8 @@ def _status_document(
             {
                 "id": s.step_id,
                 "status": s.status,
-                "attempts": s.attempts,
+                "attempts": s.attempts,  # since a replay reset it: what the cap counts
+                "attempts_total": max(s.attempts, made[s.step_id]),  # every one made
                 "epoch": s.epoch,
                 "error": s.error,
                 "waiting_on": (

@@ -35,8 +35,10 @@ def transcript(
     json_: Annotated[bool, typer.Option("--json", help="as JSON, nothing clipped")] = False,
     app_: AppOpt = None,
 ) -> None:
-    """A run's transcript: every message (--raw), the model's view (--window), or its
-    compactions (--compactions)."""
+    """A run's transcript: its messages, the model's view, or its compactions.
+
+    --raw (the default): every message, compactions marked; --window: the model's view,
+    the summary then what follows; --compactions: what each covers, its status."""
 
     def body() -> None:
         view = pick_view(raw=raw, window=window, compactions=compactions)
