@@ -11,8 +11,10 @@ from typing import Any
 
 from fleet.durations import env_duration
 from fleet.errors import BadInput
+from fleet.registry import check_queue_part
 
 DEFAULT_HOME = ".fleet"
+LOG_FORMATS = ("text", "json")
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -23,9 +25,10 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise BadInput(f"{name}={raw!r} is not a number") from None
-    # NaN passes every comparison's "else" and infinity breaks int(): both are refused.
-    if not math.isfinite(value) or value <= 0:
-        raise BadInput(f"{name}={raw!r} must be a positive finite number")
+    # NaN passes every comparison's "else" and infinity breaks int(): both are refused,
+    # and past 1e9 (seconds: 31 years; bytes: Postgres's largest value) a timer overflows.
+    if not math.isfinite(value) or value <= 0 or value > 1e9:
+        raise BadInput(f"{name}={raw!r} must be a positive finite number, at most 1e9")
     return value
 
 
@@ -81,6 +84,23 @@ def _gc_threshold(env: Mapping[str, str], default: tuple[int, int, int] | None) 
     return tuple(int(p) for p in parts)
 
 
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
+    """One of ``allowed`` (any case; the first when unset), or one line naming them."""
+    raw = (env.get(name) or "").strip()
+    if raw.lower() not in ("", *allowed):
+        raise BadInput(f"{name}={raw!r} must be one of: {', '.join(allowed)}")
+    return raw.lower() or allowed[0]
+
+
+def _queue(name: str) -> str:
+    """``FLEET_QUEUE``: the first part of every queue's name, so one every broker carries
+    (see ``fleet.registry.QUEUE_CHARS``); RabbitMQ keeps names starting ``amq.`` for itself."""
+    check_queue_part(name, "FLEET_QUEUE", 64)
+    if name.startswith("amq."):
+        raise BadInput(f"FLEET_QUEUE={name!r} must not start with 'amq.' (RabbitMQ's own)")
+    return name
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything fleet reads from the environment, in one place.
@@ -101,6 +121,8 @@ class Settings:
     max_blob_bytes: int = 64 * 1024 * 1024
     queue: str = "fleet"
     worker_name: str = ""
+    # How the worker, the sweeper and the exporter log: ``text`` or ``json`` (fleet/logs.py).
+    log_format: str = "text"
     # After SIGTERM, running steps get this long before their leases are released.
     shutdown_grace: float = 20.0
     # A task that finishes a step runs the run's next step itself, when the replay
@@ -167,8 +189,9 @@ class Settings:
             sweep_grace=_float(env, "FLEET_SWEEP_GRACE", cls.sweep_grace),
             max_payload_bytes=int(_float(env, "FLEET_MAX_PAYLOAD_BYTES", cls.max_payload_bytes)),
             max_blob_bytes=int(_float(env, "FLEET_MAX_BLOB_BYTES", cls.max_blob_bytes)),
-            queue=env.get("FLEET_QUEUE") or cls.queue,
+            queue=_queue(env.get("FLEET_QUEUE") or cls.queue),
             worker_name=env.get("FLEET_WORKER_NAME", ""),
+            log_format=_choice(env, "FLEET_LOG_FORMAT", LOG_FORMATS),
             visibility_timeout_seconds=_float(env, "FLEET_VISIBILITY_TIMEOUT", 0.0),
             broker_redelivery=_flag(env, "FLEET_BROKER_REDELIVERY", cls.broker_redelivery),
             shutdown_grace=_float(env, "FLEET_SHUTDOWN_GRACE", cls.shutdown_grace),

@@ -99,12 +99,13 @@ class TextFormatter(logging.Formatter):
 
 
 def setup_logging(level: str = "INFO", fmt: str | None = None) -> None:
-    """Configure the root logger once, at the edge (a worker, the sweeper, the exporter)."""
+    """Configure the root logger once, at the edge (a worker, the sweeper, the exporter),
+    in ``fmt`` (``Settings.log_format``; unset: ``FLEET_LOG_FORMAT``, else text)."""
     fmt = (fmt or os.environ.get("FLEET_LOG_FORMAT") or "text").lower()
-    if fmt not in ("text", "json"):
+    if fmt not in ("text", "json"):  # Settings refuses it first, at the edge
         from fleet.errors import BadInput
 
-        raise BadInput(f"FLEET_LOG_FORMAT={fmt!r} must be text or json")
+        raise BadInput(f"FLEET_LOG_FORMAT={fmt!r} must be one of: text, json")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(_ContextFilter())

@@ -6,6 +6,7 @@ import hashlib
 import inspect
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,14 @@ from fleet.limits import Limit
 from fleet.policy import RetryPolicy
 
 MAX_NAME = 200
+# A workflow's name and version make its queue's name (``WorkflowDef.queue``), which
+# every supported broker must carry: Celery's filesystem transport names a file for it
+# and takes only these characters (a space stops the worker: "Invalid exchange name"),
+# RabbitMQ at most 255 bytes, Redis anything. With FLEET_QUEUE's at most 64
+# (fleet.config), a queue's name is at most 64 + 1 + 128 + 2 + 32 + 9 = 236.
+QUEUE_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+MAX_WORKFLOW_NAME = 128
+MAX_VERSION = 32
 
 
 def is_async(fn: Callable[..., Any]) -> bool:
@@ -165,6 +174,17 @@ def check_name(name: str, what: str) -> str:
     return name
 
 
+def check_queue_part(text: str, what: str, limit: int) -> str:
+    """A workflow's name or version: part of a queue's name, so what every broker carries
+    (``QUEUE_CHARS``), 1-``limit`` characters; ``BadInput`` naming it otherwise."""
+    if not (0 < len(text) <= limit and QUEUE_CHARS.fullmatch(text)):
+        raise BadInput(
+            f"{what} {text!r:.80} must be 1-{limit} characters of A-Z a-z 0-9 . _ - "
+            "(a queue's name is made of it, and brokers refuse other characters)"
+        )
+    return text
+
+
 class Registry:
     def __init__(self) -> None:
         self.steps: dict[str, StepDef] = {}
@@ -193,7 +213,8 @@ class Registry:
         return step
 
     def add_workflow(self, wf: WorkflowDef) -> WorkflowDef:
-        check_name(wf.name, "workflow")
+        check_queue_part(wf.name, "workflow name", MAX_WORKFLOW_NAME)
+        check_queue_part(wf.version, f"workflow {wf.name}'s version", MAX_VERSION)
         if wf.name in self.workflows and self.workflows[wf.name].fn is not wf.fn:
             raise BadInput(f"two workflows are named {wf.name!r}; give one an explicit name=")
         self.workflows[wf.name] = wf

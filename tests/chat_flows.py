@@ -67,6 +67,18 @@ def chatty(wf: WorkflowContext, turns: int, compact_every: int = 0) -> int:
 
 
 @fleet.workflow(version="1")
+def long_chat(wf: WorkflowContext, n: int, compact_at: list[int]) -> int:
+    """``n`` short messages, compacted (keeping the last two) once the transcript holds
+    each length in ``compact_at``: a transcript longer than a page of ``fleet transcript``."""
+    chat = wf.transcript("main")
+    for i in range(n):
+        chat.append({"role": "assistant" if i % 2 else "user", "content": f"message {i}"})
+        if len(chat) in compact_at:
+            wf.compact(chat, summarize, keep_last=2)
+    return len(chat)
+
+
+@fleet.workflow(version="1")
 def drifting(wf: WorkflowContext) -> int:
     """What it appends second depends on the worker's code (CHAT_VARIANT)."""
     chat = wf.transcript("main")

@@ -8,9 +8,10 @@ from typing import Any
 from fleet import Fleet, NonRetryable, Secret, StepContext, WorkflowContext
 
 # Each would be read as markup: "[/]" closes nothing (a crash), "[link=…]" hides
-# its target, "[bold]" styles. The operator must see them as typed.
+# its target, "[bold]" styles. The operator must see them as typed. A workflow's name
+# cannot hold markup: it names a queue, so only A-Z a-z 0-9 . _ - (fleet.registry).
 MARKUP = "[/] [link=http://x]y[/link] [bold]b"
-WORKFLOW = "wf[/]x"
+WORKFLOW = "wf.hostile"
 KEY = Secret.env("HOSTILE_KEY")
 
 fleet = Fleet("hostile")

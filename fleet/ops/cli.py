@@ -24,7 +24,9 @@ def demo(
     which: Annotated[
         str, typer.Argument(help="research (the default) or agent: the tool-using notes agent")
     ] = "research",
-    keep: Annotated[bool, typer.Option(help="keep the state in ./.fleet for `fleet runs`")] = False,
+    keep: Annotated[
+        bool, typer.Option(help="keep the state in ./.fleet for fleet runs and fleet status")
+    ] = False,
     database_url: Annotated[
         str | None, typer.Option(help="a Postgres URL instead of SQLite")
     ] = None,
@@ -33,7 +35,8 @@ def demo(
     ] = None,
 ) -> None:
     """The research agent end to end: a worker killed mid-run, the run resumed.
-    ``fleet demo agent``: the same for a tool-using agent's conversation."""
+
+    fleet demo agent: the same for a tool-using agent's conversation."""
     code = guard(
         lambda: _demo(which)(console, keep=keep, database_url=database_url, broker_url=broker_url)
     )

@@ -19,12 +19,14 @@ import typer
 
 from fleet import codec
 from fleet.app import Fleet
+from fleet.bounds import INT32, whole
 from fleet.errors import BadInput
 from fleet.logs import setup_logging
 from fleet.ops.cli_common import (
     AppOpt,
     LogLevelOpt,
     actor,
+    check_broker,
     check_loglevel,
     console,
     guard,
@@ -35,7 +37,11 @@ from fleet.ops.cli_common import (
 from fleet.ops.loader import load_fleet
 from fleet.ops.render import dead_letter_view, dead_letters_table
 from fleet.records import DeadLetterInfo
+from fleet.registry import check_queue_part
 from fleet.worker.sweeper import run_sweeper
+
+MIN_RATE, MAX_RATE = 0.01, 1000.0  # dead letters replayed a second with --all
+MAX_CONCURRENCY = 10_000  # a worker's slots: threads, processes or greenlets
 
 
 def _until_signalled() -> threading.Event:
@@ -65,9 +71,9 @@ def worker(
     ] = False,
 ) -> None:
     """Start a Celery worker that advances runs and executes steps."""
-    guard(lambda: check_worker_options(concurrency, pool, loglevel))
-    fleet = guard(lambda: open_fleet(app_, create=True))
-    setup_logging(loglevel)
+    guard(lambda: check_worker_options(concurrency, pool, loglevel, queues))
+    fleet = guard(lambda: _started(open_fleet(app_, schema=False)))
+    setup_logging(loglevel, fleet.settings.log_format)
     argv = [
         "worker",
         f"--loglevel={loglevel}",
@@ -103,11 +109,14 @@ def run_celery(fleet: Fleet, argv: list[str]) -> int:
     return code if isinstance(code, int) else 0
 
 
-def check_worker_options(concurrency: int, pool: str, loglevel: str) -> None:
+def check_worker_options(
+    concurrency: int, pool: str, loglevel: str, queues: str | None = None
+) -> None:
     from celery.concurrency import get_available_pool_names
 
-    if concurrency < 1:
-        raise BadInput(f"--concurrency must be at least 1, got {concurrency}")
+    whole(concurrency, "--concurrency", low=1, high=MAX_CONCURRENCY)
+    for queue in (queues or "").split(",") if queues else ():
+        check_queue_part(queue.strip(), "--queues names a queue:", 255)
     pools = get_available_pool_names()
     if pool not in pools:
         raise BadInput(f"--pool {pool!r}: one of {', '.join(pools)}")
@@ -124,7 +133,7 @@ def sweeper(
         guard(lambda: positive(interval, "--interval"))
     guard(lambda: check_loglevel(loglevel))
     fleet = guard(lambda: _sweeper_fleet(app_, interval))
-    setup_logging(loglevel)
+    setup_logging(loglevel, fleet.settings.log_format)
     run_sweeper(fleet.runtime, _until_signalled())
 
 
@@ -135,6 +144,13 @@ def _sweeper_fleet(target: str | None, interval: float | None) -> Fleet:
     fleet = load_fleet(target)
     if interval is not None:
         fleet = fleet.with_settings(replace(fleet.settings, sweep_interval=interval))
+    return _started(fleet)
+
+
+def _started(fleet: Fleet) -> Fleet:
+    """A long-lived process's Fleet: its broker URL checked before anything is made, then
+    its store checked, the embedded one created (only a worker or a sweeper may)."""
+    check_broker(fleet)
     fleet.ensure_schema(create=True)
     return fleet
 
@@ -151,7 +167,7 @@ def metrics(
     guard(lambda: check_port(port))
     guard(lambda: check_loglevel(loglevel))
     fleet = guard(lambda: open_fleet(app_))
-    setup_logging(loglevel)
+    setup_logging(loglevel, fleet.settings.log_format)
     server = guard(lambda: _serve_metrics(fleet, address, port))
     logging.getLogger("fleet.metrics").info("serving /metrics on %s:%d", address, port)
     _until_signalled().wait()
@@ -214,6 +230,7 @@ def dlq_show(letter_id: int, app_: AppOpt = None) -> None:
     """Everything about one dead letter: input, error, traceback, attempts, times."""
 
     def body() -> None:
+        whole(letter_id, "dead letter id", low=1, high=INT32)
         fleet = open_fleet(app_)
         letter = fleet.runtime.queries.dead_letter(letter_id)
         if letter is None:
@@ -243,7 +260,9 @@ def dlq_replay(
             raise BadInput("give one dead letter id, or --all")
         if all_ and input_ is not None:
             raise BadInput("--input goes with one dead letter id, not --all")
-        positive(rate, "--rate")
+        if letter_id is not None:
+            whole(letter_id, "dead letter id", low=1, high=INT32)
+        check_rate(rate)
         fleet = open_fleet(app_)
         if letter_id is not None:
             kwargs = (
@@ -261,6 +280,14 @@ def dlq_replay(
         say(f"{len(letters)} dead letter(s) replayed")
 
     guard(body)
+
+
+def check_rate(rate: float) -> float:
+    """``--rate``: replays a second, from one a 100 seconds to a thousand a second (a
+    rate below would leave the command sleeping for days between two replays)."""
+    if not (MIN_RATE <= rate <= MAX_RATE):  # NaN fails both comparisons
+        raise BadInput(f"--rate must be between {MIN_RATE} and {MAX_RATE} per second, got {rate}")
+    return rate
 
 
 # --- retention --------------------------------------------------------------------------
@@ -283,8 +310,7 @@ def prune(
 
     def body() -> None:
         age = parse_duration(finished_before, "--finished-before")
-        if batch < 1:
-            raise BadInput(f"--batch must be at least 1, got {batch}")
+        whole(batch, "--batch", low=1, high=INT32)
         result = open_fleet(app_).prune(age, dry_run=dry_run, batch=batch)
         rows = ", ".join(
             f"{n} {name.replace('_', ' ')}"

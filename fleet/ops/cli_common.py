@@ -71,6 +71,36 @@ def open_fleet(target: str | None, *, schema: bool = True, create: bool = False)
     return fleet
 
 
+def need_app(target: str | None, why: str) -> None:
+    """``BadInput`` unless ``-A`` named an app: without one, no workflow, step or limit
+    is registered, and a command that needs them would say "unknown" or "none"."""
+    if not target:
+        raise BadInput(f"no app loaded: pass -A APP, the module that {why} (e.g. -A myapp.flows)")
+
+
+def broker_unreachable(fleet: Fleet) -> str | None:
+    """None if the broker answers within a few seconds; otherwise one line saying why.
+    Asked once, not retried: an operator's command reports, it does not wait."""
+    try:
+        with fleet.celery.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=0, timeout=3)
+    except Exception as exc:  # kombu's OperationalError, or a transport's own error
+        return f"broker unreachable ({one_line(exc)})"
+    return None
+
+
+def check_broker(fleet: Fleet) -> None:
+    """``BadInput`` if no transport carries ``FLEET_BROKER_URL`` (an unknown scheme, its
+    library missing, a malformed address): a worker or sweeper says so before starting.
+    The URL itself is not shown: it may hold a password."""
+    try:
+        with fleet.celery.connection_for_read() as conn:
+            conn.get_transport_cls()
+    except (KeyError, ImportError, ValueError) as exc:
+        reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise BadInput(f"FLEET_BROKER_URL cannot be used: {one_line(reason)}") from None
+
+
 def actor() -> str:
     """Who a steering command acts as in the audit: ``cli:<login name>``."""
     try:
@@ -79,10 +109,15 @@ def actor() -> str:
         return f"cli:uid {os.getuid()}"
 
 
-def positive(value: float, option: str) -> float:
-    """A finite number above zero, or one line naming the option (NaN passes ``<= 0``)."""
-    if not math.isfinite(value) or value <= 0:
-        raise BadInput(f"{option} must be a positive number, got {value}")
+# Seconds past this overflow a timer or the platform's clock (about 31 years).
+MAX_SECONDS = 1e9
+
+
+def positive(value: float, option: str, most: float = MAX_SECONDS) -> float:
+    """A finite number above zero, at most ``most``, or one line naming the option (NaN
+    passes ``<= 0``)."""
+    if not math.isfinite(value) or value <= 0 or value > most:
+        raise BadInput(f"{option} must be a positive number up to {most:g}, got {value}")
     return value
 
 

@@ -8,6 +8,7 @@ extra; without them the command says so in one line.
 
 from __future__ import annotations
 
+import socket
 from typing import Annotated, Any
 
 import typer
@@ -28,7 +29,24 @@ def console(
 ) -> None:
     """The operator's web page: runs, steps, approvals, dead letters, the fleet."""
     server = guard(lambda: _server(app_, host, port, no_auth))
-    server.run()
+    listening = guard(lambda: listen(host, port))
+    server.run(sockets=[listening])
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The console's socket, bound here rather than by uvicorn, which would log the
+    error and exit 3: a port in use, or an address not of this machine, is the
+    operator's choice to change, one line and exit 2 (as ``fleet metrics`` says it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # in use, not an address here, a name that does not resolve
+        sock.close()
+        shown = f"[{host}]" if ":" in host else host
+        raise BadInput(f"cannot listen on {shown}:{port}: {exc.strerror or exc}") from None
+    return sock
 
 
 def _server(target: str | None, host: str, port: int, no_auth: bool) -> Any:

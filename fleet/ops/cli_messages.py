@@ -19,6 +19,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from fleet.bounds import INT32, whole
 from fleet.errors import BadInput
 from fleet.ops.cli_common import AppOpt, console, guard
 from fleet.ops.loader import load_fleet
@@ -31,7 +32,7 @@ messages_app = typer.Typer(
 )
 
 # Ids are a 32-bit integer column on Postgres.
-MAX_ID = 2**31 - 1
+MAX_ID = INT32
 
 
 def messages_table(rows: list[DeadMessageInfo]) -> Table:
@@ -87,8 +88,7 @@ def list_(
     """A table of dead messages, newest first."""
 
     def body() -> None:
-        if limit < 1:
-            raise BadInput(f"--limit must be 1 or more, got {limit}")
+        whole(limit, "--limit", low=1, high=INT32)
         fleet = load_fleet(app_)
         rows = fleet.dead_messages(limit=limit)
         console.print(messages_table(rows))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -18,8 +19,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fleet import codec
 from fleet.app import Fleet
+from fleet.bounds import INT32, whole
 from fleet.errors import BadInput
-from fleet.ops.cli_common import AppOpt, actor, console, err, guard, open_fleet, say
+from fleet.ops.cli_common import (
+    AppOpt,
+    actor,
+    broker_unreachable,
+    console,
+    err,
+    guard,
+    need_app,
+    open_fleet,
+    positive,
+    say,
+)
 from fleet.ops.render import as_json, clip, one_line, open_waits, run_view, runs_table
 from fleet.states import RunStatus, StepKind, StepStatus
 from fleet.worker import gate
@@ -35,6 +48,7 @@ def enqueue(
     """Start a run; prints its id. The same --run-id twice is one run."""
 
     def body() -> str:
+        need_app(app_, f"defines workflow {workflow!r}")
         # Fleet.enqueue checks (and may create) the store once the input is known good.
         fleet = open_fleet(app_, schema=False)
         values = [
@@ -59,8 +73,7 @@ def runs(
     def body() -> None:
         if status is not None and status not in {s.value for s in RunStatus}:
             raise BadInput(f"unknown status {status!r} (one of: {', '.join(RunStatus)})")
-        if limit < 1:
-            raise BadInput(f"--limit must be at least 1, got {limit}")
+        whole(limit, "--limit", low=1, high=INT32)
         q = open_fleet(app_).runtime.queries
         rows = q.runs(status, limit, children=children, tenant=tenant)
         ids = [r.id for r in rows]
@@ -105,6 +118,10 @@ def _waiting_on_limits(fleet: Fleet, run: Any) -> dict[str, tuple[str, str]]:
     only where limits are declared and the run is live (no limiter otherwise)."""
     if not fleet.registry.limits or run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
         return {}
+    down = broker_unreachable(fleet)
+    if down is not None:  # the limiter's Redis: the rest of the status still shows
+        say(f"{down}: not shown which steps wait on a limit", to=err)
+        return {}
     return gate.waiting_on(fleet.runtime, run.id)
 
 
@@ -113,6 +130,7 @@ def _status_document(
 ) -> dict[str, Any]:
     """``fleet status --json``: the run, its result loaded, and its task steps (a step
     waiting for room in a limit says which, and why: concurrency, requests, tokens ...)."""
+    made = Counter(a.step_id for a in fleet.runtime.queries.attempts(run.id))
     return {
         "id": run.id,
         "workflow": run.workflow,
@@ -125,7 +143,8 @@ def _status_document(
             {
                 "id": s.step_id,
                 "status": s.status,
-                "attempts": s.attempts,
+                "attempts": s.attempts,  # since a replay reset it: what the cap counts
+                "attempts_total": max(s.attempts, made[s.step_id]),  # every one made
                 "epoch": s.epoch,
                 "error": s.error,
                 "waiting_on": (
@@ -154,6 +173,8 @@ def watch(
     """A live progress bar of steps done over steps recorded, until the run ends."""
 
     def body() -> int:
+        if timeout is not None:
+            positive(timeout, "--timeout")
         fleet = open_fleet(app_)
         handle = fleet.run(run_id)
         return follow(fleet, handle.id, timeout)
@@ -259,8 +280,11 @@ def resolve(
 
 
 def parse_budget(raw: str) -> dict[str, Any]:
-    """``tokens=N`` (a whole number) or ``cost=X``, positive and finite."""
+    """``tokens=N`` (a whole number the store can keep) or ``cost=X``, positive and finite."""
     key, _, value = raw.partition("=")
+    if key == "tokens" and value.strip().isdigit():
+        # As text, not through float: 10**23 must be refused as itself, not rounded.
+        return {"tokens": whole(value, f"--raise-budget {key}", low=1)}
     try:
         amount = float(value)
     except ValueError:

@@ -9,6 +9,8 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,7 +165,7 @@ def _follow(
 ) -> bool:
     q = client.runtime.queries
     deadline = time.monotonic() + TIMEOUT
-    with Live(console=console, refresh_per_second=8, transient=False) as live:
+    with live_display(console) as live:
         while True:
             run = q.run(run_id)
             assert run is not None
@@ -180,6 +182,17 @@ def _follow(
                 live.update(live_view(run, steps, story))
                 return False
             time.sleep(0.12)
+
+
+@contextmanager
+def live_display(console: Console) -> Iterator[Live]:
+    """Rich's ``Live``, its last frame ended on a line of its own: piped (no terminal),
+    Live prints that frame without a final newline, and the next line printed would be
+    glued onto its last line."""
+    with Live(console=console, refresh_per_second=8, transient=False) as live:
+        yield live
+    if not console.is_terminal:
+        console.line()
 
 
 def _maybe_kill(client: Fleet, steps: list[Any], procs: list[FleetProcess], story: Story) -> None:

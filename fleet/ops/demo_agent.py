@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
 from fleet.app import Fleet
 from fleet.config import Settings
-from fleet.ops.demo import APP, DemoHome, Story, demo_env, example_fleet, live_view
+from fleet.ops.demo import APP, DemoHome, Story, demo_env, example_fleet, live_display, live_view
 from fleet.ops.render_transcript import render_transcript
 from fleet.records import attempts_by_step
 from fleet.states import AttemptOutcome, RunStatus, StepKind, StepStatus
@@ -114,7 +113,7 @@ def _follow(
 ) -> bool:
     q = client.runtime.queries
     deadline = time.monotonic() + TIMEOUT
-    with Live(console=console, refresh_per_second=8, transient=False) as live:
+    with live_display(console) as live:
         while True:
             run = q.run(run_id)
             assert run is not None

@@ -298,13 +298,21 @@ def steps_table(steps: Sequence[Any], attempts: Sequence[Any]) -> Table:
         table.add_row(
             plain(s.step_id),
             status_text(s.status),
-            str(s.attempts),
+            attempts_shown(s.attempts, len(atts)),
             str(s.epoch),
             plain(workers),
             f"{tokens:,} tok ${cost:.4f}" if atts else "-",
             plain(clip(s.error or "", 60)),
         )
     return table
+
+
+def attempts_shown(counted: int, made: int) -> str:
+    """A step's attempts as the operator counts them: every one it made (its attempt log,
+    which the workers column lists and its epoch follows), and, once a dead letter's
+    replay has reset the count its cap is held to, how many since: ``4 (1 since replay)``."""
+    total = max(counted, made)
+    return str(total) if total == counted else f"{total} ({counted} since replay)"
 
 
 def clip(text: str, n: int) -> str:

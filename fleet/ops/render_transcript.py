@@ -12,6 +12,7 @@ the Rich views clip long content; the JSON form never does.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -32,21 +33,32 @@ INDENT = 4
 
 def render_transcript(info: TranscriptInfo, *, view: str = "raw") -> RenderableType:
     """Every message (``raw``) or the model's view (``window``) of one transcript."""
-    if view == "raw":
-        parts = _raw(info)
-    elif view == "window":
-        parts = _window(info)
-    else:
+    return Group(
+        *transcript_lines(info, len(info.messages), view, lambda start: info.messages[start:])
+    )
+
+
+def transcript_lines(
+    head: TranscriptInfo,
+    length: int,
+    view: str,
+    messages: Callable[[int], Iterable[MessageInfo]],
+) -> Iterator[Text]:
+    """The lines of a view, each made as ``messages(start)`` hands over the messages from
+    position ``start`` on: a long transcript is printed as it is read, never held whole.
+    ``head`` gives the transcript's run, name and compactions; ``length``, its messages."""
+    if view not in VIEWS:
         raise ValueError(f"unknown transcript view {view!r}: one of {', '.join(VIEWS)}")
-    return Group(_heading(info, view), *parts)
+    yield _heading(head, view, length)
+    yield from _raw(head, length, messages(0)) if view == "raw" else _window(head, length, messages)
 
 
-def render_compactions(info: TranscriptInfo) -> RenderableType:
-    """A table of the transcript's compactions, the current one marked."""
+def render_compactions(info: TranscriptInfo, length: int | None = None) -> RenderableType:
+    """A table of the transcript's compactions, the current one marked (``length``: how
+    many messages it has, when ``info`` holds none of them)."""
+    heading = _heading(info, "compactions", len(info.messages) if length is None else length)
     if not info.compactions:
-        return Group(
-            _heading(info, "compactions"), plain("no compactions: the model sees every message")
-        )
+        return Group(heading, plain("no compactions: the model sees every message"))
     current = info.current
     table = Table(title=None)
     for col in ("#", "covers", "folds", "summarize step", "status"):
@@ -65,24 +77,58 @@ def render_compactions(info: TranscriptInfo) -> RenderableType:
             plain(clip(first, SUMMARY_CLIP)),
             Text("current", style="bold") if c is current else "",
         )
-    return Group(_heading(info, "compactions"), table)
+    return Group(heading, table)
 
 
 def transcript_json(info: TranscriptInfo, view: str) -> dict[str, Any]:
     """The JSON form of a view (``raw``, ``window`` or ``compactions``): nothing clipped."""
+    doc = _json_head(info, view)
+    if view != "compactions":
+        doc["messages"] = list(_json_messages(info, view, lambda start: info.messages[start:]))
+    doc["compactions"] = _json_compactions(info)
+    return doc
+
+
+def transcript_json_text(
+    head: TranscriptInfo, view: str, messages: Callable[[int], Iterable[MessageInfo]]
+) -> Iterator[str]:
+    """``transcript_json`` of the ``raw`` or ``window`` view as JSON text, in pieces, each
+    message written as ``messages(start)`` hands it over (``transcript_lines``' way)."""
+    yield as_json(_json_head(head, view))[:-1] + ', "messages": ['
+    for i, item in enumerate(_json_messages(head, view, messages)):
+        yield (", " if i else "") + as_json(item)
+    yield '], "compactions": ' + as_json(_json_compactions(head)) + "}"
+
+
+def _json_head(info: TranscriptInfo, view: str) -> dict[str, Any]:
     if view not in (*VIEWS, "compactions"):
         raise ValueError(f"unknown transcript view {view!r}: one of raw, window, compactions")
-    current = info.current
     doc: dict[str, Any] = {"run_id": info.run_id, "name": info.name, "view": view}
+    if view == "window":
+        doc["compaction"] = None if info.current is None else info.current.number
+    return doc
+
+
+def _json_messages(
+    info: TranscriptInfo, view: str, messages: Callable[[int], Iterable[MessageInfo]]
+) -> Iterator[Any]:
+    """The view's messages: raw, each with its position, step and time; the window, the
+    model's view (``TranscriptInfo.window``: the current summary, then what follows)."""
+    current = info.current
     if view == "raw":
-        doc["messages"] = [
-            {"position": m.position, "step_id": m.step_id, "at": m.at, "message": m.message}
-            for m in info.messages
-        ]
-    elif view == "window":
-        doc["compaction"] = None if current is None else current.number
-        doc["messages"] = info.window()
-    doc["compactions"] = [
+        for m in messages(0):
+            yield {"position": m.position, "step_id": m.step_id, "at": m.at, "message": m.message}
+        return
+    if current is None or current.summary is None:
+        yield from (m.message for m in messages(0))
+        return
+    yield from current.summary
+    yield from (m.message for m in messages(current.upto))
+
+
+def _json_compactions(info: TranscriptInfo) -> list[dict[str, Any]]:
+    current = info.current
+    return [
         {
             "number": c.number,
             "start": c.start,
@@ -96,13 +142,12 @@ def transcript_json(info: TranscriptInfo, view: str) -> dict[str, Any]:
         }
         for c in info.compactions
     ]
-    return doc
 
 
 # --- the pieces ------------------------------------------------------------------------
 
 
-def _heading(info: TranscriptInfo, view: str) -> Text:
+def _heading(info: TranscriptInfo, view: str, length: int) -> Text:
     current = info.current
     now = f", the model's view starts at compaction {current.number}" if current else ""
     return Text.assemble(
@@ -111,53 +156,54 @@ def _heading(info: TranscriptInfo, view: str) -> Text:
         " of run ",
         plain(info.run_id, "bold"),
         plain(
-            f" ({view}): {len(info.messages)} message(s), "
-            f"{len(info.compactions)} compaction(s){now}",
+            f" ({view}): {length} message(s), {len(info.compactions)} compaction(s){now}",
             "dim",
         ),
     )
 
 
-def _raw(info: TranscriptInfo) -> list[RenderableType]:
-    if not info.messages and not info.compactions:
-        return [plain("no messages", "dim")]
-    current = info.current
+def _raw(head: TranscriptInfo, length: int, found: Iterable[MessageInfo]) -> Iterator[Text]:
+    """Every message, a compaction's marker before the first message it does not cover."""
+    if not length and not head.compactions:
+        yield plain("no messages", "dim")
+        return
+    current = head.current
     at: dict[int, list[CompactionInfo]] = {}
-    for c in info.compactions:
-        at.setdefault(min(c.upto, len(info.messages)), []).append(c)
-    parts: list[RenderableType] = []
-    for i, m in enumerate(info.messages):
-        parts.extend(marker(c, c is current) for c in at.get(i, []))
-        parts.extend(message_view(m.message, str(m.position), m.step_id))
-    parts.extend(marker(c, c is current) for c in at.get(len(info.messages), []))
-    return parts
-
-
-def _window(info: TranscriptInfo) -> list[RenderableType]:
-    current = info.current
-    if current is None or current.summary is None:
-        note = "no compaction done: the model sees every message"
-        return [plain(note, "dim"), *_raw_messages(info.messages)]
-    parts: list[RenderableType] = [
-        plain(
-            f"── summary (compaction {current.number}, {current.step_id}): "
-            f"stands for {covered(current.upto)} ──",
-            "bold magenta",
-        )
-    ]
-    for message in current.summary:
-        parts.extend(message_view(message, "summary", current.step_id))
-    after = messages_range(current.upto, len(info.messages))
-    parts.append(plain(f"── after the summary: {after} ──", "dim"))
-    parts.extend(_raw_messages(info.messages[current.upto :]))
-    return parts
-
-
-def _raw_messages(found: list[MessageInfo]) -> list[RenderableType]:
-    parts: list[RenderableType] = []
+    for c in head.compactions:
+        at.setdefault(min(c.upto, length), []).append(c)
     for m in found:
-        parts.extend(message_view(m.message, str(m.position), m.step_id))
-    return parts or [plain("no messages", "dim")]
+        yield from (marker(c, c is current) for c in at.pop(m.position, []))
+        yield from message_view(m.message, str(m.position), m.step_id)
+    for upto in sorted(at):  # those past the last message
+        yield from (marker(c, c is current) for c in at[upto])
+
+
+def _window(
+    head: TranscriptInfo, length: int, messages: Callable[[int], Iterable[MessageInfo]]
+) -> Iterator[Text]:
+    current = head.current
+    if current is None or current.summary is None:
+        yield plain("no compaction done: the model sees every message", "dim")
+        yield from _raw_messages(messages(0))
+        return
+    yield plain(
+        f"── summary (compaction {current.number}, {current.step_id}): "
+        f"stands for {covered(current.upto)} ──",
+        "bold magenta",
+    )
+    for message in current.summary:
+        yield from message_view(message, "summary", current.step_id)
+    yield plain(f"── after the summary: {messages_range(current.upto, length)} ──", "dim")
+    yield from _raw_messages(messages(current.upto))
+
+
+def _raw_messages(found: Iterable[MessageInfo]) -> Iterator[Text]:
+    shown = False
+    for m in found:
+        shown = True
+        yield from message_view(m.message, str(m.position), m.step_id)
+    if not shown:
+        yield plain("no messages", "dim")
 
 
 def marker(c: CompactionInfo, current: bool) -> Text:
@@ -193,7 +239,7 @@ def _folds(c: CompactionInfo) -> Text:
     return plain(raw if c.base is None else f"summary {c.base} + {raw}")
 
 
-def message_view(message: Any, position: str, step_id: str | None) -> list[RenderableType]:
+def message_view(message: Any, position: str, step_id: str | None) -> list[Text]:
     """One message: a head line (position, role, producing step), its content, its tool
     calls, one line each."""
     if not isinstance(message, dict):
@@ -204,7 +250,7 @@ def message_view(message: Any, position: str, step_id: str | None) -> list[Rende
         head.append_text(plain(f" name {message['name']}", "dim"))
     if message.get("tool_call_id") is not None:
         head.append_text(plain(f" for tool call {message['tool_call_id']}", "yellow"))
-    parts: list[RenderableType] = [head]
+    parts = [head]
     content = message.get("content")
     if content is not None and content != "":
         text = content if isinstance(content, str) else as_json(content)

@@ -340,13 +340,23 @@ class Queries:
         of the transcript, in one transaction, uncached: what an operator reads."""
         params = {"b_run": run_id, "b_transcript": name}
         with self.db.begin(self.tx, read=True) as conn:
-            rows = conn.execute(transcripts.WHOLE, params).all()
-            bodies = transcripts.resolve_blobs(conn, [r.body for r in rows])
-            found = [
-                (r.pos, body, r.step_id, r.created_at) for r, body in zip(rows, bodies, strict=True)
-            ]
+            found = _message_rows(conn, transcripts.WHOLE, params)
+            return found, [tuple(r) for r in conn.execute(transcripts.COMPACTIONS, params).all()]
+
+    def transcript_head(self, run_id: str, name: str) -> tuple[list[Any], int]:
+        """Every compaction row of the transcript and how many messages it has: what a
+        paged read (``transcript_page``) is told first."""
+        params = {"b_run": run_id, "b_transcript": name}
+        with self.db.begin(self.tx, read=True) as conn:
             comps = [tuple(r) for r in conn.execute(transcripts.COMPACTIONS, params).all()]
-            return found, comps
+            return comps, int(conn.execute(transcripts.LENGTH, params).scalar_one())
+
+    def transcript_page(self, run_id: str, name: str, start: int, limit: int) -> list[Any]:
+        """``transcript``'s message rows from position ``start``, at most ``limit``: a
+        long transcript read a page at a time, never held whole."""
+        params = {"b_run": run_id, "b_transcript": name, "b_pos": start, "b_limit": limit}
+        with self.db.begin(self.tx, read=True) as conn:
+            return _message_rows(conn, transcripts.PAGE, params)
 
     def transcript_names(self, run_id: str) -> list[str]:
         with self.db.begin(self.tx, read=True) as conn:
@@ -405,3 +415,10 @@ class Queries:
     def dead_message_count(self) -> int:
         with self.db.begin(self.tx, read=True) as conn:
             return int(conn.execute(select(func.count()).select_from(dead_messages)).scalar_one())
+
+
+def _message_rows(conn: Connection, stmt: Any, params: dict[str, Any]) -> list[Any]:
+    """The message rows ``stmt`` reads: (pos, body, step_id, created_at), bodies resolved."""
+    rows = conn.execute(stmt, params).all()
+    bodies = transcripts.resolve_blobs(conn, [r.body for r in rows])
+    return [(r.pos, body, r.step_id, r.created_at) for r, body in zip(rows, bodies, strict=True)]

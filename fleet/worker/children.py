@@ -56,7 +56,8 @@ def new_child(
     if len(run_id) > MAX_RUN_ID:
         raise LimitExceeded(
             f"child run id {run_id[:60]!r}… is {len(run_id)} characters, over the "
-            f"{MAX_RUN_ID} a run id may have: give wf.child a shorter key"
+            f"{MAX_RUN_ID} a run id may have: give the child (wf.child, wf.start_child, "
+            "wf.call) a shorter key="
         )
     wd.check_call(args, kwargs)
     tokens, cost = check_budget(budget if budget is not None else wd.budget)

@@ -3,6 +3,9 @@ and nothing already recorded lost when the input is bad."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
 
@@ -10,7 +13,7 @@ import pytest
 
 from fleet import Fleet
 from fleet.testing import SWEEPER_READY, FleetProcess, sweeper_argv
-from tests.harness import APP, ROOT, Backend, Cluster
+from tests.harness import APP, ROOT, Backend, Cluster, InlineBroker
 
 
 def fleet_cli(
@@ -141,3 +144,42 @@ def test_python_dash_m_fleet_works() -> None:
         timeout=60,
     )
     assert out.returncode == 0 and "demo" in out.stdout
+
+
+def test_help_is_plain_text_one_line_a_command() -> None:
+    """Issue 48, item 21: ``fleet --help`` showed a docstring's reStructuredText
+    (````fleet demo agent````) and cut a command's summary over two rows."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(COLUMNS="200", PYTHONPATH=str(ROOT))
+    for args in ([], ["dlq"], ["messages"], ["db"], ["demo"], ["transcript"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "fleet", *args, "--help"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "``" not in out.stdout and "`" not in out.stdout, out.stdout
+        panel = out.stdout.partition("Commands")[2].partition("╰")[0]
+        rows = [line.strip().strip("│") for line in panel.splitlines()[1:]]
+        # Each row names its command: a row that starts blank continues the last one.
+        assert all(row[1:2].strip() for row in rows), out.stdout
+
+
+def test_status_counts_every_attempt_and_those_since_a_replay(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """Issue 48, item 21: after a dead letter's replay the step showed ``attempts 1``
+    beside epoch 2 and two workers. Every attempt is counted, and those since the
+    replay reset the count its cap is held to are named."""
+    client.enqueue("refusing", run_id="refused")
+    inline.drain()
+    client.replay(client.dead_letters()[0].id)
+    inline.drain()  # the replayed attempt is refused again: dead once more
+    table = fleet_cli(backend, "status", "refused")
+    assert table.returncode == 1, table.stderr  # the run failed
+    assert re.search(r"refuse#1\s*│\s*dead\s*│\s*2 \(1 since replay\)\s*│\s*2\s*│", table.stdout)
+    step = json.loads(fleet_cli(backend, "status", "refused", "--json").stdout)["steps"][0]
+    assert (step["attempts"], step["attempts_total"], step["epoch"]) == (1, 2, 2)

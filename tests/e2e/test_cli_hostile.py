@@ -22,7 +22,7 @@ from tests.harness import Backend, InlineBroker, poll
 
 MARKUP = hostile_app.MARKUP
 # An enqueued run's id has no "/" (child runs' ids do), so the ids carry Rich's opening
-# tags only; the closing "[/]" is in the workflow's name, the errors and the values.
+# tags only; the closing "[/]" is in the errors and the values.
 ID_MARKUP = "[bold]b [link=https:x]y [red]r"
 FAILED_RUN = "run" + ID_MARKUP
 GOOD_RUN = "ok" + ID_MARKUP
@@ -103,6 +103,23 @@ def test_the_error_line_prints_what_was_typed(backend: Backend, hostile: Fleet) 
             ["database URL", "cannot be parsed"],
         ),
         (["runs"], {"FLEET_DATABASE_URL": "nosuchdb://x/y"}, ["nosuchdb"]),
+        # Issue 48: refused at start-up, naming the values allowed, by every command.
+        (["runs"], {"FLEET_LOG_FORMAT": "xml"}, ["FLEET_LOG_FORMAT='xml'", "text, json"]),
+        (["sweeper"], {"FLEET_LOG_FORMAT": "xml"}, ["FLEET_LOG_FORMAT='xml'", "text, json"]),
+        (["dlq", "replay", "--all", "--rate", "0.0000001"], {}, ["--rate", "0.01 and 1000"]),
+        (["dlq", "replay", "--all", "--rate", "1e9"], {}, ["--rate", "0.01 and 1000"]),
+        (["watch", "kept", "--timeout", "nan"], {}, ["--timeout", "nan"]),
+        (["watch", "kept", "--timeout", "inf"], {}, ["--timeout", "inf"]),
+        (["watch", "kept", "--timeout", "-1"], {}, ["--timeout", "-1"]),
+        (["enqueue", "chain", "1"], {}, ["no app loaded", "-A APP", "workflow 'chain'"]),
+        (["limits"], {}, ["no app loaded", "-A APP", "fleet.limit"]),
+        (["worker", "--concurrency", "99999999999999999999"], {}, ["--concurrency", "10000"]),
+        (["worker", "--queues", "fleet,a b"], {}, ["--queues", "'a b'", "A-Z a-z 0-9 . _ -"]),
+        (["worker"], {"FLEET_BROKER_URL": "bogus://x"}, ["FLEET_BROKER_URL", "bogus"]),
+        (["sweeper"], {"FLEET_BROKER_URL": "redis://u:hunter2@[bad"}, ["FLEET_BROKER_URL"]),
+        # Past 1e9 seconds a timer overflows the clock (the sweeper's OverflowError).
+        (["sweeper", "--interval", "1e300"], {}, ["--interval", "up to 1e+09"]),
+        (["sweeper"], {"FLEET_SWEEP_INTERVAL": "1e300"}, ["FLEET_SWEEP_INTERVAL", "1e9"]),
     ],
 )
 def test_bad_options_and_settings_are_one_line(
@@ -134,6 +151,39 @@ def test_bad_arguments_are_one_line_on_both_stores(
     assert [(r.id, r.status, r.wake_seq) for r in client.runtime.queries.runs()] == before
 
 
+BIG = "99999999999999999999"  # past 64 bits; the store's ids are 32
+DEEP = "[" * 30_000 + "]" * 30_000
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["dlq", "show", BIG], ["dead letter id", "2147483647", BIG]),
+        (["dlq", "show", "3000000000"], ["dead letter id", "3000000000"]),
+        (["dlq", "replay", "3000000000"], ["dead letter id", "3000000000"]),
+        (["prune", "--finished-before", "1s", "--batch", BIG], ["--batch", BIG]),
+        (["messages", "list", "--limit", BIG], ["--limit", BIG]),
+        (["runs", "--limit", BIG], ["--limit", BIG]),
+        (
+            ["resolve", "kept", "--raise-budget", "tokens=99999999999999999999999"],
+            ["--raise-budget tokens", "99999999999999999999999"],  # as typed, not rounded
+        ),
+        (["enqueue", "-A", "tests.flows", "chain", DEEP], ["argument 1", "levels deep"]),
+        (["signal", "kept", "approval", "--data", DEEP], ["--data", "levels deep"]),
+        (["dlq", "replay", "1", "--input", DEEP], ["--input", "levels deep"]),
+    ],
+)
+def test_numbers_and_depths_past_what_the_store_keeps_are_one_line(
+    backend: Backend, client: Fleet, args: list[str], needles: list[str]
+) -> None:
+    """Issue 48, item 8: each was a driver's error with a traceback (Postgres's integer
+    out of range, SQLite's overflow) or a RecursionError; now one line, nothing changed."""
+    client.enqueue("chain", 1, run_id="kept")
+    before = [(r.id, r.status, r.wake_seq) for r in client.runtime.queries.runs()]
+    one_line_error(fleet_cli(backend, *args), *needles)
+    assert [(r.id, r.status, r.wake_seq) for r in client.runtime.queries.runs()] == before
+
+
 def test_the_api_refuses_what_the_cli_refuses(client: Fleet) -> None:
     """Fleet.enqueue, raise_budget and signal check before anything is recorded."""
     client.enqueue("chain", 1, run_id="kept")
@@ -144,6 +194,8 @@ def test_the_api_refuses_what_the_cli_refuses(client: Fleet) -> None:
         client.enqueue("chain")
     with pytest.raises(BadInput, match="workflow 'chain' cannot be called"):
         client.enqueue("chain", 1, nope=2)
+    with pytest.raises(BadInput, match="budget tokens must be at most"):
+        client.enqueue("chain", 1, budget={"tokens": 10**23})  # was the driver's DataError
     with pytest.raises(BadInput, match="finite"):
         client.raise_budget("kept", cost=float("nan"))
     with pytest.raises(BadInput, match="printable"):
@@ -205,3 +257,18 @@ def test_metrics_listens_on_loopback_and_a_port_in_use_is_one_line(
         )
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_console_on_a_port_in_use_is_one_line(backend: Backend, client: Fleet) -> None:
+    """uvicorn logged its own line and exited 3; the port is the operator's to change:
+    one line and exit 2, as ``fleet metrics`` says it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        one_line_error(
+            fleet_cli(backend, "console", "--no-auth", "--port", str(port)),
+            f"cannot listen on 127.0.0.1:{port}",
+            "in use",
+        )

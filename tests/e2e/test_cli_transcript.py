@@ -6,8 +6,10 @@ and each command here is a process of its own (seconds each on a busy machine)."
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -120,3 +122,46 @@ def test_bad_usage_is_one_line_exit_2(
     out = fleet_cli(backend, "transcript", *args)
     one_line_error(out, *needles)
     assert out.stdout == ""
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_transcript_longer_than_a_page_is_printed_whole_as_it_is_read(
+    backend: Backend, chat: Fleet
+) -> None:
+    """Issue 48, item 9: ``fleet transcript`` laid out every message before printing any
+    (20,000 took 15.8 s, all in memory). It reads a page at a time and prints each as it
+    goes: across pages the output is what the whole transcript renders to, markers
+    where they were, and the JSON the same document."""
+    from rich.console import Console
+
+    from fleet.ops.cli_transcript import PAGE, Pages
+    from fleet.ops.render_transcript import render_transcript, transcript_json
+    from fleet.testing import InlineBroker
+
+    length = 2 * PAGE + 203
+    broker = InlineBroker(chat)
+    run = chat.enqueue("long_chat", length, [PAGE + 2, 2 * PAGE + 1], run_id="long")
+    broker.drain()
+    assert run.wait(timeout=5) == length
+    info = chat.transcript("long")
+    assert [c.upto for c in info.compactions] == [PAGE, 2 * PAGE - 1]  # a page starts at one
+
+    reads: list[tuple[int, int]] = []
+    page = chat.runtime.queries.transcript_page
+
+    def counted(run_id: str, name: str, start: int, limit: int) -> list[Any]:
+        reads.append((start, limit))
+        return page(run_id, name, start, limit)
+
+    chat.runtime.queries.transcript_page = counted  # type: ignore[method-assign]
+    first = next(Pages(chat, "long", "main").messages(0))
+    assert first.position == 0 and reads == [(0, PAGE)], "one page read, the first message out"
+
+    for view in ("raw", "window"):
+        whole = Console(width=10_000, record=True, file=io.StringIO())
+        whole.print(render_transcript(info, view=view), soft_wrap=True)
+        expected = [line.rstrip() for line in whole.export_text().splitlines()]
+        shown = _ok(backend, "long", f"--{view}", "-A", APP).splitlines()
+        assert shown == expected
+        doc = json.loads(_ok(backend, "long", f"--{view}", "--json", "-A", APP))
+        assert doc == json.loads(json.dumps(transcript_json(info, view), default=repr))

@@ -34,6 +34,8 @@ def check_story(out: subprocess.CompletedProcess[str]) -> None:
     assert re.search(r"re-run after the crash \(fleet\)\s*│\s*1\s*│", text)
     assert re.search(r"restarting from step one would re-run\s*│\s*8\s*│", text)
     assert "succeeded" in text and "Report: durable execution" in text
+    # Piped, the live view's last line used to run into the next table's title.
+    assert re.search(r"^\s*every step\s*$", text, re.M), text
 
 
 def test_demo(backend: Backend, tmp_path: Path) -> None:

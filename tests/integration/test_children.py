@@ -106,6 +106,8 @@ def test_a_child_id_over_the_limit_fails_the_parent_with_one_line(
     assert row is not None and row.status == RunStatus.FAILED
     assert (row.error or "").startswith("LimitExceeded: child run id ")
     assert "over the 200 a run id may have" in (row.error or "")
+    # Named as the API spells each way of starting a child (issue 48).
+    assert "(wf.child, wf.start_child, wf.call) a shorter key=" in (row.error or "")
     assert "\n" not in (row.error or "")
     assert _children(client, run.id) == []
 

@@ -275,6 +275,43 @@ def test_fleet_limits_shows_use_room_and_waiting(backend: Backend, lclient: Flee
     assert table.returncode == 0 and "2/2" in table.stdout
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_with_the_brokers_redis_down_limits_says_so_and_shows_the_store(
+    backend: Backend, lclient: Fleet, cluster: Cluster
+) -> None:
+    """Issue 48, item 6: ``fleet limits`` printed two tracebacks. Now one line says the
+    broker is unreachable, the table what the store knows (bounds, and a step holding a
+    lease as running), exit 1; ``fleet status`` shows the run with the same line."""
+    cluster.worker("w1", concurrency=2, app=APP)
+    run = lclient.enqueue("one_api", 0, 60.0)  # holds a slot of "api" (and its lease)
+    poll(lambda: [s for s in run.steps() if s.status == "running"], 60, "the call to start")
+    down = backend.env(FLEET_BROKER_URL="redis://127.0.0.1:1/0")  # a closed port
+
+    def fleet(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fleet", *args],
+            env=down,
+            cwd=backend.workdir,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    for out in (fleet("limits", "-A", APP, "--json"), fleet("limits", "-A", APP)):
+        said = [line for line in out.stderr.splitlines() if line.strip()]
+        assert out.returncode == 1 and len(said) == 1, out.stderr
+        assert "broker unreachable" in said[0] and "what the store knows" in said[0]
+    rows = {r["limit"]: r for r in json.loads(fleet("limits", "-A", APP, "--json").stdout)}
+    assert rows["api"]["running"] == 1 and rows["api"]["concurrency_room"] == 1
+    assert rows["api"]["requests_last_minute"] is None and rows["api"]["waiting"] is None
+    assert rows["solo"]["running"] == 0
+    assert "1/2" in out.stdout
+    status = fleet("status", run.id, "-A", APP)
+    assert status.returncode == 0, status.stderr
+    assert run.id in status.stdout and "broker unreachable" in status.stderr
+    assert "Traceback" not in status.stderr
+
+
 def test_reserved_tokens_are_settled_with_the_usage_reported(
     backend: Backend, lclient: Fleet, cluster: Cluster
 ) -> None:

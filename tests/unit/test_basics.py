@@ -137,7 +137,7 @@ def test_task_events_are_off_until_asked_for(
     assert app.celery.conf.worker_send_task_events is False
     started: list[list[str]] = []
     monkeypatch.setattr(cli_admin, "run_celery", lambda _fleet, argv: started.append(argv) or 0)
-    monkeypatch.setattr(cli_admin, "setup_logging", lambda _level: None)
+    monkeypatch.setattr(cli_admin, "setup_logging", lambda _level, _fmt: None)
     monkeypatch.setenv("FLEET_DATABASE_URL", f"sqlite:///{tmp_path}/fleet.db")
     monkeypatch.setenv("FLEET_BROKER_URL", f"filesystem:///{tmp_path}/broker")
     for flags, events in (([], False), (["--task-events"], True), (["-E"], True)):

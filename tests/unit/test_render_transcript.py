@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
 
 from fleet.errors import BadInput
 from fleet.ops.cli_transcript import pick_view
@@ -20,6 +20,8 @@ from fleet.ops.render_transcript import (
     render_transcript,
     tool_call_line,
     transcript_json,
+    transcript_json_text,
+    transcript_lines,
 )
 from fleet.transcripts import CompactionInfo, MessageInfo, TranscriptInfo
 
@@ -246,3 +248,32 @@ def test_one_view_at_a_time() -> None:
         pick_view(raw=True, window=True, compactions=False)
     with pytest.raises(ValueError, match="unknown transcript view"):
         render_transcript(_info(), view="cooked")
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        _info(),
+        _info(_compaction(1, 3), _compaction(2, 5, start=3, base=1)),
+        _info(_compaction(1, 4), _compaction(2, 9, status="failed")),  # past the last message
+        _info(messages=[]),
+    ],
+)
+def test_a_view_made_as_its_messages_are_read_is_the_whole_view(info: TranscriptInfo) -> None:
+    """``fleet transcript`` prints a long transcript page by page (issue 48, item 9): its
+    lines and its JSON, made from the messages handed over from a position on, are those
+    of the whole transcript, compaction markers included."""
+    head = TranscriptInfo(info.run_id, info.name, [], info.compactions)
+    handed: list[int] = []
+
+    def messages(start: int) -> Any:
+        handed.append(start)
+        return iter(info.messages[start:])
+
+    for view in ("raw", "window"):
+        made = list(transcript_lines(head, len(info.messages), view, messages))
+        assert lines(Group(*made)) == lines(render_transcript(info, view=view))
+        text = "".join(transcript_json_text(head, view, messages))
+        assert json.loads(text) == json.loads(json.dumps(transcript_json(info, view), default=repr))
+    current = info.current
+    assert handed == [0, 0, 0, 0] if current is None else [0, current.upto, 0, current.upto]
