@@ -66,7 +66,8 @@ def _server(target: str | None, host: str, port: int, no_auth: bool) -> Any:
         )
     if not 0 <= port < 65536:
         raise BadInput(f"--port must be 0-65535, got {port}")
-    web = app(open_fleet(target), no_auth=no_auth)
+    # ``host``: off loopback, a proxy header needs FLEET_CONSOLE_TRUSTED_PROXIES.
+    web = app(open_fleet(target), no_auth=no_auth, host=host)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
@@ -77,7 +78,14 @@ def _server(target: str | None, host: str, port: int, no_auth: bool) -> Any:
                 print(f"fleet console: http://{shown}:{bound[1]}/", flush=True)
 
     # Live pages hold their event streams open: at shutdown they get 3 seconds, not minutes.
+    # proxy_headers off: the address the proxy header is trusted from is the connection's
+    # peer, never one a client (or a local user) writes into X-Forwarded-For.
     config = uvicorn.Config(
-        web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3
+        web,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=3,
+        proxy_headers=False,
     )
     return Server(config)

@@ -132,13 +132,8 @@ WHOLE = (
     .order_by(messages.c.pos)
 )
 # An operator's paged read (``fleet transcript`` prints a long one as it reads it):
-# WHOLE from position b_pos, at most b_limit rows, and how many messages there are.
-PAGE = WHOLE.where(messages.c.pos >= POS).limit(bindparam("b_limit", type_=Integer))
-LENGTH = (
-    select(func.count())
-    .select_from(messages)
-    .where(messages.c.run_id == RUN, messages.c.transcript == NAME)
-)
+# WHOLE from position b_pos, at most b_limit rows (its length: ``LENGTH``, below).
+PAGE_FROM = WHOLE.where(messages.c.pos >= POS).limit(bindparam("b_limit", type_=Integer))
 COMPACTIONS = (
     select(
         compactions.c.number,

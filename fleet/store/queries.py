@@ -356,7 +356,7 @@ class Queries:
         long transcript read a page at a time, never held whole."""
         params = {"b_run": run_id, "b_transcript": name, "b_pos": start, "b_limit": limit}
         with self.db.begin(self.tx, read=True) as conn:
-            return _message_rows(conn, transcripts.PAGE, params)
+            return _message_rows(conn, transcripts.PAGE_FROM, params)
 
     def transcript_names(self, run_id: str) -> list[str]:
         with self.db.begin(self.tx, read=True) as conn:

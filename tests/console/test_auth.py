@@ -171,6 +171,45 @@ def test_through_the_real_server_the_header_is_ignored_from_elsewhere(
         proc.stop()
 
 
+def test_through_the_real_server_a_forwarded_for_header_makes_no_one_a_proxy(
+    backend: Backend, client: Fleet
+) -> None:
+    """The proxy is this host's outward address; a local user writes that address into
+    X-Forwarded-For. The connection's peer (loopback) decides: not signed in."""
+    outward = _outward_address()
+    if outward is None:
+        pytest.skip("this host has no address but loopback")
+    env = backend.env(
+        FLEET_CONSOLE_AUTH="ada:s3cret",
+        FLEET_CONSOLE_PROXY_HEADER="X-Remote-User",
+        FLEET_CONSOLE_TRUSTED_PROXIES=outward,
+    )
+    argv = ["console", "-A", "tests.flows", "--host", "0.0.0.0", "--port", "0"]
+    proc = FleetProcess("console", argv, env, backend.workdir)
+    try:
+        assert proc.wait_for_output("fleet console: http", 60), proc.output()
+        found = re.search(r"fleet console: http://0\.0\.0\.0:(\d+)/", proc.output())
+        assert found, proc.output()
+        port = found.group(1)
+        spoofed = {"X-Remote-User": "mallory", "X-Forwarded-For": outward}
+        claimed = httpx.get(f"http://127.0.0.1:{port}/runs", headers=spoofed)
+        assert claimed.status_code == 401, "the claim is not the peer"
+        real = httpx.get(f"http://{outward}:{port}/runs", headers={"X-Remote-User": "grace"})
+        assert real.status_code == 200 and parse(real.text).by_id("user").text == "grace"
+    finally:
+        proc.stop()
+
+
+def test_cli_refuses_a_proxy_header_off_loopback_without_trusted_proxies(
+    backend: Backend, client: Fleet
+) -> None:
+    env = backend.env(FLEET_CONSOLE_PROXY_HEADER="X-Remote-User")
+    one_line_error(
+        fleet_cli(backend, "console", "-A", "tests.flows", "--host", "0.0.0.0", env=env),
+        "FLEET_CONSOLE_TRUSTED_PROXIES",
+    )
+
+
 def test_no_auth_is_anonymous(client: Fleet) -> None:
     with TestClient(app(client, no_auth=True)) as http:
         assert parse(http.get("/runs").text).by_id("user").text == "anonymous"
