@@ -4,10 +4,12 @@ token; flash lines are signed so a link cannot put words in the page."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import signal
 import socket
+from collections.abc import Iterator
 from dataclasses import replace
 
 import httpx
@@ -139,16 +141,18 @@ def _outward_address() -> str | None:
     return None if is_loopback(address) else address
 
 
-def test_through_the_real_server_the_header_is_ignored_from_elsewhere(
-    backend: Backend, client: Fleet
-) -> None:
+@contextlib.contextmanager
+def _served_off_loopback(backend: Backend, trusted: str) -> Iterator[tuple[str, str]]:
+    """``fleet console --host 0.0.0.0`` with basic auth (ada) and the header
+    X-Remote-User trusted from ``trusted`` ("outward": this host's outward address):
+    (outward address, port) while it serves."""
     outward = _outward_address()
     if outward is None:
         pytest.skip("this host has no address but loopback")
     env = backend.env(
         FLEET_CONSOLE_AUTH="ada:s3cret",
         FLEET_CONSOLE_PROXY_HEADER="X-Remote-User",
-        FLEET_CONSOLE_TRUSTED_PROXIES="127.0.0.1",
+        FLEET_CONSOLE_TRUSTED_PROXIES=outward if trusted == "outward" else trusted,
     )
     argv = ["console", "-A", "tests.flows", "--host", "0.0.0.0", "--port", "0"]
     proc = FleetProcess("console", argv, env, backend.workdir)
@@ -156,7 +160,15 @@ def test_through_the_real_server_the_header_is_ignored_from_elsewhere(
         assert proc.wait_for_output("fleet console: http", 60), proc.output()
         found = re.search(r"fleet console: http://0\.0\.0\.0:(\d+)/", proc.output())
         assert found, proc.output()
-        port = found.group(1)
+        yield outward, found.group(1)
+    finally:
+        proc.stop()
+
+
+def test_through_the_real_server_the_header_is_ignored_from_elsewhere(
+    backend: Backend, client: Fleet
+) -> None:
+    with _served_off_loopback(backend, "127.0.0.1") as (outward, port):
         forged = {"X-Remote-User": "mallory"}
         away = httpx.get(f"http://{outward}:{port}/runs", headers=forged)
         assert away.status_code == 401, "mallory, not from the proxy, is not signed in"
@@ -167,8 +179,6 @@ def test_through_the_real_server_the_header_is_ignored_from_elsewhere(
         assert ada.status_code == 200 and parse(ada.text).by_id("user").text == "ada"
         proxied = httpx.get(f"http://127.0.0.1:{port}/runs", headers={"X-Remote-User": "grace"})
         assert proxied.status_code == 200 and parse(proxied.text).by_id("user").text == "grace"
-    finally:
-        proc.stop()
 
 
 def test_through_the_real_server_a_forwarded_for_header_makes_no_one_a_proxy(
@@ -176,28 +186,12 @@ def test_through_the_real_server_a_forwarded_for_header_makes_no_one_a_proxy(
 ) -> None:
     """The proxy is this host's outward address; a local user writes that address into
     X-Forwarded-For. The connection's peer (loopback) decides: not signed in."""
-    outward = _outward_address()
-    if outward is None:
-        pytest.skip("this host has no address but loopback")
-    env = backend.env(
-        FLEET_CONSOLE_AUTH="ada:s3cret",
-        FLEET_CONSOLE_PROXY_HEADER="X-Remote-User",
-        FLEET_CONSOLE_TRUSTED_PROXIES=outward,
-    )
-    argv = ["console", "-A", "tests.flows", "--host", "0.0.0.0", "--port", "0"]
-    proc = FleetProcess("console", argv, env, backend.workdir)
-    try:
-        assert proc.wait_for_output("fleet console: http", 60), proc.output()
-        found = re.search(r"fleet console: http://0\.0\.0\.0:(\d+)/", proc.output())
-        assert found, proc.output()
-        port = found.group(1)
+    with _served_off_loopback(backend, "outward") as (outward, port):
         spoofed = {"X-Remote-User": "mallory", "X-Forwarded-For": outward}
         claimed = httpx.get(f"http://127.0.0.1:{port}/runs", headers=spoofed)
         assert claimed.status_code == 401, "the claim is not the peer"
         real = httpx.get(f"http://{outward}:{port}/runs", headers={"X-Remote-User": "grace"})
         assert real.status_code == 200 and parse(real.text).by_id("user").text == "grace"
-    finally:
-        proc.stop()
 
 
 def test_cli_refuses_a_proxy_header_off_loopback_without_trusted_proxies(
