@@ -139,18 +139,24 @@ def _drain_strands(**_: Any) -> None:
 
 
 class QuietSuccess(logging.Filter):
-    """Drops Celery's "Task … succeeded in …s: None" line for fleet's tasks. A fleet
-    task returns None however the attempts it ran ended (a failure is retried or
-    dead-lettered by fleet itself), so the line called a failed attempt a success;
-    fleet logs each attempt's outcome (done, retry, dead letter, fenced) instead.
-    Another app's tasks in the same process keep theirs."""
+    """Rewords Celery's "Task … succeeded in …s: None" line for fleet's tasks as "Task …
+    ended in …s". A fleet task returns None however the attempts it ran ended (a failure
+    is retried or dead-lettered by fleet itself), so the line called a failed attempt a
+    success; fleet logs each attempt's outcome (done, retry, dead letter, fenced), and
+    the task's own line says only that the delivery was handled. Another app's tasks in
+    the same process keep theirs."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg is not LOG_SUCCESS:
             return True
         data = getattr(record, "data", None)
         name = data.get("name") if isinstance(data, dict) else None
-        return not (isinstance(name, str) and _fleets(name))
+        if isinstance(name, str) and _fleets(name):
+            record.msg = TASK_ENDED
+        return True
+
+
+TASK_ENDED = "Task %(name)s[%(id)s] ended in %(runtime)ss"
 
 
 def _fleets(task: str) -> bool:

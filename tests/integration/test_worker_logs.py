@@ -22,5 +22,7 @@ def test_a_failed_attempt_is_never_logged_as_a_success(
     for run in runs:
         failed = [line for line in lines if f"step flaky#1 of run {run.id} failed" in line]
         assert len(failed) == 1 and "retry in" in failed[0], failed
-    assert not [line for line in lines if "succeeded in" in line], "Celery's line is silenced"
+    assert not [line for line in lines if "succeeded in" in line], "Celery's line is reworded"
+    ended = [line for line in lines if "Task fleet.execute[" in line or "Task retrying." in line]
+    assert [line for line in ended if "] ended in " in line], "and says the task ended"
     assert "No hostname was supplied" not in worker.output()
