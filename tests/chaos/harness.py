@@ -43,8 +43,15 @@ class ChaosConfig:
     # this long at most (a re-sent step may queue behind a deep backlog).
     freeze_cap: float = 30.0
     workdir: Path | None = None
-    pg_port: int = 5439
-    redis_port: int = 6399
+    # A private Postgres cluster and Redis: two chaos runs at once (one per worktree)
+    # need their own, named by FLEET_CHAOS_CLUSTER / _PG_PORT / _REDIS_PORT.
+    cluster: str = field(
+        default_factory=lambda: os.environ.get("FLEET_CHAOS_CLUSTER", "fleetchaos")
+    )
+    pg_port: int = field(default_factory=lambda: int(os.environ.get("FLEET_CHAOS_PG_PORT", "5439")))
+    redis_port: int = field(
+        default_factory=lambda: int(os.environ.get("FLEET_CHAOS_REDIS_PORT", "6399"))
+    )
     keep: bool = False  # keep the workdir (logs) even when every check passes
     kinds: list[str] | None = None  # fault kinds to inject (default: every kind)
     extra: dict[str, str] = field(default_factory=dict)
@@ -114,7 +121,7 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
     reference = reference_outputs(list(jobs.values()), workdir / "reference")
     say(f"  fault-free reference of {len(reference)} inputs: {time.monotonic() - started:.1f}s")
 
-    pg, redis = PrivatePostgres(cfg.pg_port), PrivateRedis(cfg.redis_port, workdir)
+    pg, redis = PrivatePostgres(cfg.pg_port, cfg.cluster), PrivateRedis(cfg.redis_port, workdir)
     log = workdir / "steps.jsonl"
     backend = Backend(
         "postgres",
