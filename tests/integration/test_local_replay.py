@@ -19,6 +19,7 @@ from fleet.errors import BadInput, StoreUnavailable, UnknownRun
 from fleet.records import Replay
 from fleet.registry import WorkflowDef
 from fleet.states import Incident
+from fleet.store.engine import sqlite_path
 from fleet.store.readonly import PG_READ_ONLY, read_only_url
 from fleet.testing import InlineBroker, replay
 from fleet.worker.replayer import local_runtime
@@ -56,14 +57,22 @@ def _recorded(fleet: Fleet, decision: dict[str, Any] = APPROVED, strict: bool = 
     return run_id
 
 
+def _file_bytes(fleet: Fleet) -> bytes | None:
+    """The embedded store's database file as it is on disk (None on Postgres)."""
+    path = sqlite_path(fleet.settings.database_url)
+    return None if path is None else path.read_bytes()
+
+
 def _replayed(fleet: Fleet, run_id: str, **given: Any) -> Replay:
-    """The replay, checked to have executed no step body and changed nothing."""
-    before = everything_in_the_store(fleet)
+    """The replay, checked to have executed no step body and changed nothing: every
+    row the same, and on SQLite the database file byte for byte."""
+    before, file_before = everything_in_the_store(fleet), _file_bytes(fleet)
     BODIES.clear()
     try:
         return replay(run_id, fleet=fleet, **given)
     finally:
         assert sum(BODIES.values()) == 0, f"step bodies ran in the replay: {BODIES}"
+        assert _file_bytes(fleet) == file_before, "the replay wrote to the database file"
         assert everything_in_the_store(fleet) == before, "the replay changed the store"
 
 
