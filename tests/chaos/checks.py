@@ -52,7 +52,17 @@ def capture(client: Fleet, run_id: str) -> dict[str, Any] | None:
     """Run ``run_id`` as the store has it now, as a plain JSON-able record; None if the
     store has no such run (pruned). ``client``: the Fleet its workflows are registered
     on (the replay runs them). Raises ``StoreUnavailable`` while the store does not
-    answer: capture it again."""
+    answer: capture it again.
+
+    Keys: ``run``, ``workflow``, ``status``, ``result`` (the decoded value), ``error``,
+    ``parent``, ``detached``, ``finished_at``; ``steps`` in history order, each ``id``,
+    ``name``, ``kind``, ``status``, ``attempts``, ``epoch``, ``error`` (first line) and
+    ``tries`` (its attempts: ``epoch``, ``attempt``, ``outcome``, ``worker``,
+    ``started_at``, ``finished_at``, ``error``); ``children``, every descendant run
+    (``id``, ``parent``, ``status``, ``detached``); ``dead_letters`` (``id``, ``step``,
+    ``attempts``, ``replayed``); ``replay`` (``status`` finished, failed or suspended,
+    ``result``, ``error``, ``next``, ``wait``, ``new``; or ``nondeterminism`` or
+    ``error`` with its ``error``)."""
     queries = client.runtime.queries
     run = queries.run(run_id)
     if run is None:
