@@ -128,3 +128,25 @@ class DeadMessageInfo:
     @classmethod
     def from_row(cls, row: Any) -> DeadMessageInfo:
         return cls(*row)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a recorded run's workflow does when replayed over its history in the
+    caller's process (``fleet.testing.replay``), no step body executed.
+
+    ``status``: ``"finished"`` (it returned ``result``, as the run records it),
+    ``"failed"`` (it raised: ``error`` as the run records it), or ``"suspended"`` (it
+    stands before steps not finished: ``next``, their ids in order; ``wait``: the signal
+    it waits for, when that is a ``wf.wait_for``). ``new``: those of ``next`` the
+    history does not hold yet (an advance would record them now). ``replayed``: how many
+    recorded steps the replay met."""
+
+    run_id: str
+    status: str
+    result: Any = None
+    error: str | None = None
+    next: tuple[str, ...] = ()
+    wait: str | None = None
+    new: tuple[str, ...] = ()
+    replayed: int = 0

@@ -20,6 +20,11 @@ a long one waits for the sweeper, which an InlineBroker does not run.
 ``FleetProcess`` and the ``*_argv`` helpers start real ``fleet worker`` and ``fleet
 sweeper`` processes (each in its own process group, so a signal reaches all of it)
 for tests that kill or freeze one; ``fleet demo`` uses them too.
+
+``replay`` runs a recorded run's workflow in the caller's process over its history, no
+step body executed and nothing written (fleet/worker/replayer.py): where the run ended,
+or what it would do next, or ``NonDeterminism`` naming the first step the code no
+longer takes.
 """
 
 from __future__ import annotations
@@ -31,12 +36,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace as replaced
 from pathlib import Path
 
 from fleet.app import Fleet
+from fleet.config import Settings
+from fleet.errors import BadInput
+from fleet.records import Replay
+from fleet.registry import Registry, StepDef, WorkflowDef
 from fleet.worker.attempt import execute
 from fleet.worker.dispatch import ADVANCE, EXECUTE, Message
 from fleet.worker.replay import advance
+from fleet.worker.replayer import local_runtime, replay_recorded
 
 
 class InlineBroker:
@@ -75,6 +86,68 @@ class InlineBroker:
                 return
             self.step()
         raise AssertionError(f"messages kept coming: {limit} delivered, {len(self.sent)} left")
+
+
+# --- a recorded run replayed locally --------------------------------------------------
+
+
+def replay(
+    run_id: str,
+    *,
+    database_url: str | None = None,
+    fleet: Fleet | None = None,
+    workflow: WorkflowDef | str | None = None,
+) -> Replay:
+    """Replay the recorded run ``run_id`` in this process: its workflow function runs
+    over its history, each step handing back its recorded output (no step body, effect
+    or model call runs), each wait its signal, ``now``, ``random``, transcripts and
+    child runs as recorded, and stops at the first step not finished. Returns a
+    ``fleet.records.Replay``: ``finished`` with the result, ``failed`` with the error
+    (as the run records them), or ``suspended`` with the steps it stands before
+    (``next``) and the signal it waits for (``wait``). Raises ``NonDeterminism`` naming
+    the first step where the workflow no longer does what the history records.
+
+    Read-only: the store is opened so that the database refuses any write. The store is
+    ``database_url``, else ``fleet``'s. The workflow is ``workflow`` (a definition, or
+    the name of one ``fleet`` registered: another version of the code), else the one
+    ``fleet`` registered under the run's name, which must be the run's version and pins.
+    Without ``fleet``, ``workflow`` must be a definition and ``database_url`` given: the
+    steps and child workflows it names are taken as it hands them over (by definition,
+    not by name)."""
+    registry: Registry
+    if fleet is None:
+        if not isinstance(workflow, WorkflowDef) or database_url is None:
+            raise BadInput(
+                "replay needs the Fleet the run's workflow is registered on (fleet=), or "
+                "the workflow's definition (workflow=) and the store (database_url=)"
+            )
+        settings, registry = Settings.from_env(database_url=database_url), _Given()
+    else:
+        settings, registry = fleet.settings, fleet.registry
+        if database_url is not None:
+            settings = replaced(settings, database_url=database_url)
+    if isinstance(workflow, str):
+        workflow = registry.workflow(workflow)
+    rt = local_runtime(settings, registry)
+    try:
+        return replay_recorded(rt, run_id, workflow)
+    finally:
+        rt.db.dispose()
+
+
+class _Given(Registry):
+    """The registry of a replay given a workflow and no Fleet: the steps and child
+    workflows the workflow hands over are taken as they come."""
+
+    def step(self, ref: str | StepDef) -> StepDef:
+        if isinstance(ref, StepDef):
+            return self.steps.setdefault(ref.name, ref)
+        return super().step(ref)
+
+    def workflow(self, ref: str | WorkflowDef) -> WorkflowDef:
+        if isinstance(ref, WorkflowDef):
+            return self.workflows.setdefault(ref.name, ref)
+        return super().workflow(ref)
 
 
 # --- worker and sweeper processes -------------------------------------------------------

@@ -173,7 +173,7 @@ def _replay(
             result = wf.fn(ctx, *args, **kwargs) if live is None else live.run()
             if result is PARKED:
                 raise Suspend
-            _check_all_replayed(ctx, run_id)
+            check_all_replayed(ctx, run_id)
         finally:
             # In one transaction the run moves on (queued or waiting → running) once the
             # workflow has run, first of the replay's writes: nothing is locked while the
@@ -196,16 +196,11 @@ def _replay(
         # What it appended before the mismatch is not written: the history stays as it was.
         rt.ledger.incident(Incident.NONDETERMINISM, run_id, detail=str(exc))
         log.error("%s", exc)
-        _fail(rt, run_id, redact(f"NonDeterminism: {exc}"))
-    except StepFailed as exc:
-        _fail(rt, run_id, redact(f"StepFailed: {exc}"), ctx)
-    except (PayloadError, LimitExceeded) as exc:
-        _fail(rt, run_id, redact(f"{type(exc).__name__}: {exc}"), ctx)
+        _fail(rt, run_id, redact(error_text(exc)))
     except StoreUnavailable:
         raise  # the sweeper will advance the run again once the store answers
     except Exception as exc:
-        error = "".join(traceback.format_exception_only(exc)).strip()
-        _fail(rt, run_id, redact(f"{error}\n\n{traceback.format_exc()}"), ctx)
+        _fail(rt, run_id, redact(error_text(exc)), ctx)
     else:
         rt.ledger.finish_run(run_id, RunStatus.SUCCEEDED, result=encoded)
     rt.ledger.mark_advanced(run_id, run.wake_seq)
@@ -214,7 +209,18 @@ def _replay(
     return replayed
 
 
-def _check_all_replayed(ctx: WorkflowContext, run_id: str) -> None:
+def error_text(exc: Exception) -> str:
+    """The error a run records when its workflow raised ``exc`` (called where it is
+    handled: an unexpected exception's text ends with its traceback)."""
+    if isinstance(exc, StepFailed):
+        return f"StepFailed: {exc}"  # a ChildFailed or BranchesFailed too
+    if isinstance(exc, NonDeterminism | PayloadError | LimitExceeded):
+        return f"{type(exc).__name__}: {exc}"
+    error = "".join(traceback.format_exception_only(exc)).strip()
+    return f"{error}\n\n{traceback.format_exc()}"
+
+
+def check_all_replayed(ctx: WorkflowContext, run_id: str) -> None:
     """A workflow that returned must have met every recorded step and message."""
     if ctx._pos < len(ctx._history):
         raise NonDeterminism(
