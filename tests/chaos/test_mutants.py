@@ -31,6 +31,7 @@ def test_the_seven_planted_bugs_of_issue_46_are_registered() -> None:
         "orphan-wake",
         "prune-live-parent",
     ]
+    assert list(mutants.CAUGHT_BY_MIXED) == NAMES
     for m in mutants.MUTANTS.values():
         assert m.doc and m.edits and m.killed_by and m.expect, m.name
         assert all(e.old != e.new for e in m.edits), m.name
