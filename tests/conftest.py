@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from fleet import Fleet
-from tests.harness import Backend, Cluster, InlineBroker, backend_while, client_for
+from tests.chaos import mutants
+
+# FLEET_MUTANT=NAME runs the tests on a planted bug (tests/chaos/mutants.py): its copy of
+# fleet goes first on sys.path before anything imports fleet, and the workers' too.
+mutants.plant_from_env()
+
+from fleet import Fleet  # noqa: E402
+from tests.harness import Backend, Cluster, InlineBroker, backend_while, client_for  # noqa: E402
 
 # pytest-xdist gives its workers COLUMNS=80 and LINES=24; the CLI (in process, and in
 # the subprocesses that inherit them) would then cut its tables, and the ids in them, to
@@ -15,6 +21,16 @@ from tests.harness import Backend, Cluster, InlineBroker, backend_while, client_
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.pop("COLUMNS", None)
     os.environ.pop("LINES", None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "mutants: runs tests on a planted bug in a subprocess (test_mutants.py)"
+    )
+
+
+def pytest_report_header() -> str | None:
+    return mutants.header()
 
 
 @pytest.fixture(autouse=True)

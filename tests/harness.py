@@ -23,6 +23,7 @@ import pytest
 from fleet import Fleet, Settings
 from fleet.testing import SWEEPER_READY, WORKER_READY, FleetProcess, sweeper_argv, worker_argv
 from fleet.testing import InlineBroker as InlineBroker  # the tests import it from here
+from tests.chaos import mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -142,7 +143,8 @@ class Backend:
             FLEET_TEST_LOG=str(self.log_path),
             FLEET_TEST_HOOK_LOG=str(self.hook_log_path),
             FLEET_TEST_PROVIDER=str(self.provider_path),
-            PYTHONPATH=str(ROOT),
+            # A planted bug's copy of fleet first (FLEET_MUTANT, tests/chaos/mutants.py).
+            PYTHONPATH=os.pathsep.join([*mutants.planted(), str(ROOT)]),
             PYTHONUNBUFFERED="1",
         )
         env.update(self.extra_env)

@@ -1,4 +1,7 @@
-"""``python -m tests.chaos``: the chaos run from the command line (``make chaos``)."""
+"""``python -m tests.chaos``: the chaos run from the command line (``make chaos``).
+
+With ``--mutant NAME`` the workers and sweeper run a planted bug (tests/chaos/mutants.py)
+and the run is expected to fail: it exits 0 if its checks caught the bug, 1 if not."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from tests.chaos import mutants
 from tests.chaos.faults import WEIGHTS, fault_dicts
 from tests.chaos.harness import ChaosConfig, run_chaos
 
@@ -24,7 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", nargs="+", default=None, help=f"some of {list(WEIGHTS)}")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument("--keep", action="store_true", help="keep the logs even on success")
+    p.add_argument("--mutant", choices=list(mutants.MUTANTS), default=None, help="a planted bug")
+    p.add_argument("--list-mutants", action="store_true", help="list the planted bugs")
     a = p.parse_args(argv)
+    if a.list_mutants:
+        print(mutants.table())
+        return 0
     cfg = ChaosConfig(
         seed=a.seed if a.seed is not None else secrets.randbelow(10**6),
         runs=a.runs,
@@ -35,15 +44,22 @@ def main(argv: list[str] | None = None) -> int:
         lease_seconds=a.lease,
         keep=a.keep,
         kinds=a.kinds,
+        mutant=a.mutant,
     )
     report = run_chaos(cfg)
     print(report.render())
     if a.json is not None:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         figures = {**report.figures(), "command": cfg.command()}
+        if a.mutant:
+            figures.update(mutant=a.mutant, caught=not report.ok)
         a.json.write_text(
             json.dumps({**figures, "fault_log": fault_dicts(report.faults)}, indent=2)
         )
+    if a.mutant:
+        verdict = "CAUGHT" if not report.ok else "NOT caught"
+        print(f"mutant {a.mutant}: {verdict} by a run of {report.seconds:.1f}s ({cfg.command()})")
+        return 0 if not report.ok else 1
     if not report.ok:
         print(f"chaos FAILED; reproduce with: {cfg.command()}", file=sys.stderr)
         return 1

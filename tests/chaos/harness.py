@@ -17,7 +17,7 @@ from typing import Any
 
 from fleet import Settings
 from fleet.testing import SWEEPER_READY, FleetProcess, sweeper_argv
-from tests.chaos import flows
+from tests.chaos import flows, mutants
 from tests.chaos.crew import APP, Crew
 from tests.chaos.injector import Injector, Plan
 from tests.chaos.probe import StoreProbe
@@ -55,6 +55,7 @@ class ChaosConfig:
     keep: bool = False  # keep the workdir (logs) even when every check passes
     kinds: list[str] | None = None  # fault kinds to inject (default: every kind)
     extra: dict[str, str] = field(default_factory=dict)
+    mutant: str | None = None  # a planted bug the workers and sweeper run (mutants.py)
 
     def command(self) -> str:
         return (
@@ -63,6 +64,7 @@ class ChaosConfig:
             f"--concurrency {self.concurrency} --step-seconds {self.step_seconds} "
             f"--lease {self.lease_seconds}"
             + (f" --kinds {' '.join(self.kinds)}" if self.kinds else "")
+            + (f" --mutant {self.mutant}" if self.mutant else "")
         )
 
 
@@ -134,6 +136,7 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
             "FLEET_SWEEP_GRACE": str(SWEEP_GRACE),
             "FLEET_CHAOS_LOG": str(log),
             "FLEET_CHAOS_STEP_SECONDS": str(cfg.step_seconds),
+            **mutants.engine_env(cfg.mutant, workdir),  # not the reference's, nor client's
             **cfg.extra,
         },
     )
@@ -158,6 +161,7 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
         crew.wait_ready()
         if not sweeper.wait_for_output(SWEEPER_READY, 30):
             raise RuntimeError(f"sweeper did not start:\n{sweeper.output()[-3000:]}")
+        mutants.prove_planted(cfg.mutant, workdir, [*crew.pids(), sweeper.pid])
         for rid, job in jobs.items():
             client.enqueue("mixed", job, run_id=rid)
         t0 = time.monotonic()

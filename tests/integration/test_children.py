@@ -16,6 +16,7 @@ import pytest
 from fleet import BadInput, Fleet
 from fleet.states import RunStatus, StepKind, StepStatus
 from fleet.worker.replay import advance
+from fleet.worker.sweeper import sweep_once
 from tests.e2e.test_cli import fleet_cli
 from tests.harness import Backend, Cluster, InlineBroker, find_event, poll, starts
 
@@ -42,6 +43,26 @@ def test_a_child_result_is_returned_to_its_parent_once(
     advance(client.runtime, child.id)
     inline.drain()
     assert len(_children(client, run.id)) == 1
+
+
+def test_a_childs_end_wakes_its_parent_in_the_store_for_the_sweeper(
+    client: Fleet, inline: InlineBroker
+) -> None:
+    """The advance a child's end sends its parent may be lost (the broker is a hint):
+    the end marks the parent woken in the store too, and the sweeper sends the advance
+    again (fails without that wake-up: the parent waits forever on a settled child)."""
+    run = client.enqueue("parent", 4)
+    rt = client.runtime
+
+    def child_ended() -> bool:
+        child = rt.queries.run(f"{run.id}/kid#1")
+        return child is not None and child.status == RunStatus.SUCCEEDED
+
+    inline.drain(until=child_ended)
+    inline.sent.clear()  # the broker lost every message: the parent's advance with them
+    poll(lambda: sweep_once(rt).runs, 10, "the sweeper to re-send the parent's advance")
+    inline.drain()
+    assert run.wait(timeout=5) == {"before": 1, "child": 16, "after": -3}
 
 
 def test_a_replayed_parent_does_not_start_a_second_child(

@@ -16,6 +16,8 @@ from fleet.errors import BadInput
 from fleet.states import RunStatus, StepKind, StepStatus
 from fleet.store.ledger import Lease, NewStep
 from fleet.testing import InlineBroker
+from fleet.worker.attempt import execute
+from fleet.worker.replay import advance
 from tests import flows
 from tests.harness import Backend, Cluster, executions, starts
 
@@ -60,6 +62,25 @@ def test_every_dead_branch_is_named_the_first_as_the_cause(
     ids = FIVE if how == "map" else TOOLS
     assert result["dead"] == [ids[1], ids[3]]
     assert result["failed"].startswith(f"2 branches failed ({ids[1]}, {ids[3]}); the first: step")
+
+
+def test_a_replay_meeting_a_dead_branch_beside_pending_ones_parks_again(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    """Whatever wakes a run while a fan-out of it is unsettled (a signal, a timer, the
+    sweeper re-sending a lost advance) replays it over a dead branch beside pending
+    ones: the fan-out parks again and raises once every branch has settled (fails if
+    it raises at the first dead branch it meets: the run ends, two branches never run)."""
+    run = client.enqueue("settling", "map", 3, 0.0, [0])
+    inline.step()  # the first advance records the three branches
+    execute(client.runtime, run.id, "branch#1")  # the bad one: dead at its one attempt
+    step = client.runtime.queries.step(run.id, "branch#1")
+    assert step is not None and step.status == StepStatus.DEAD
+    advance(client.runtime, run.id)  # a replay for another reason
+    assert run.status() == "running", "the fan-out raised with branches still pending"
+    inline.drain()
+    assert run.wait(timeout=5)["dead"] == ["branch#1"]
+    assert starts(backend, run.id) == {f"branch#{i}": 1 for i in (1, 2, 3)}
 
 
 def test_parallel_runs_different_steps_and_returns_their_results_in_order(

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleet import Fleet
+from fleet import Fleet, Settings
 from fleet.testing import InlineBroker
 from fleet.worker import live
 from fleet.worker.replay import replay_run
@@ -122,6 +123,30 @@ def test_a_workflow_handed_a_dead_step_is_not_kept(
     client.signal(run.id, "go", True)
     inline.drain()
     assert run.wait(timeout=5) == "caught refuse#1"
+
+
+def test_a_parked_workflow_is_resumed_only_for_its_own_run(
+    client: Fleet, inline: InlineBroker, tmp_path: Path
+) -> None:
+    """Parked workflows are kept by run id; a run of the same id in another store (or
+    the id enqueued again once retention deleted its run) is another run, whose advance
+    replays its own workflow (fails without ``Live.fits``: the parked workflow went on
+    over the other run's history)."""
+    run = client.enqueue("counted", 3, run_id="twin")
+    inline.step()  # its first advance records nop#1 and parks
+    assert live.RUNS.holds("twin")
+    folder = tmp_path / "elsewhere"
+    other = flows.fleet.with_settings(
+        Settings(database_url=f"sqlite:///{folder}.db", broker_url=f"filesystem:///{folder}-broker")
+    )
+    other.upgrade_schema()
+    elsewhere = InlineBroker(other)
+    twin = other.enqueue("counted", 5, run_id="twin")
+    elsewhere.drain()
+    assert twin.wait(timeout=5) == sum(range(5))
+    inline.drain()
+    assert run.wait(timeout=5) == sum(range(3))
+    other.runtime.db.dispose()
 
 
 def test_an_advance_on_another_thread_replays_from_the_top(
