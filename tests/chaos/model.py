@@ -23,6 +23,9 @@ fanout.py, children.py, replay.py, failures.py, fleet/store/family.py, CONTRACT.
   never a detached one;
 - a wait with a timeout nobody answers returns None; a signal sent before its wait is
   kept for it;
+- a run whose tree's spend has reached its budget shows ``needs_decision`` before its
+  next step until ``raise_budget`` (a child's budget is capped by what its parent has
+  left when it starts); raised, it goes on: its end does not depend on it;
 - ``compact`` summarizes the current window before the last ``keep_last`` messages
   (the previous summary, then the raw messages after what it covered), or runs no step
   when that covers nothing new; the window is the latest done summary, then the raw
