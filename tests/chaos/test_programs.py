@@ -59,7 +59,7 @@ def test_the_first_programs_of_a_seed_use_every_op_and_nest_three_levels_at_most
         seen += P.features(prog)
         assert P.depth(prog) <= P.MAX_DEPTH
         ops = sum(P.op_counts(prog).values())
-        assert 1 <= ops <= 25, (prog["index"], ops)
+        assert 5 <= ops <= 25, (prog["index"], ops)
     wanted = {
         *P.KINDS,
         *(f"fail:{m}" for m in P.FAIL_MODES),
