@@ -565,7 +565,7 @@ def generate(seed: int, index: int) -> dict[str, Any]:
         "ops": ops,
     }
     if any(op["op"] == "usage" for op in walk(program)) and rng.random() < 0.85:
-        program["budget"] = {"tokens": rng.choice((100, 150))}
+        program["budget"] = {"tokens": rng.choice((50, 80, 150))}
     return program
 
 
