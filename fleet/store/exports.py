@@ -336,7 +336,7 @@ def _row(cls: type[R], record: Any, what: str) -> R:
             continue
         wanted = tuple(t for k in kinds if k != "None" for t in _JSON.get(k, (str,)))
         if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
-            raise BadInput(f"{what}: {f.name} is a {type(value).__name__}, not {f.type}")
+            raise BadInput(f"{what}: {f.name} should be {f.type}, not {type(value).__name__}")
     try:
         return cls(**{f.name: record[f.name] for f in declared})
     except ValueError as exc:  # a status or kind that is none of its enum's
