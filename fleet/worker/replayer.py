@@ -199,7 +199,7 @@ def _registered(rt: Runtime, run: RunRow) -> WorkflowDef:
     if not wf.pinned_to(run.version, codec.decode(run.pins) or {}):
         raise BadInput(
             f"run {run.id} is of {run.workflow} version {run.version} pins {run.pins}; the "
-            f"registered one is version {wf.version} pins {dict(wf.pins)}: pass it as "
-            "workflow= to replay the run with it anyway"
+            f"registered one is version {wf.version} pins {dict(wf.pins)}: name it as the "
+            "workflow (workflow=, fleet replay --workflow) to replay the run with it anyway"
         )
     return wf
