@@ -24,7 +24,8 @@ for tests that kill or freeze one; ``fleet demo`` uses them too.
 ``replay`` runs a recorded run's workflow in the caller's process over its history, no
 step body executed and nothing written (fleet/worker/replayer.py): where the run ended,
 or what it would do next, or ``NonDeterminism`` naming the first step the code no
-longer takes.
+longer takes. ``export`` reads a run's history as one JSON document
+(fleet/store/exports.py), which ``replay(history=)`` replays with no database.
 """
 
 from __future__ import annotations
@@ -35,15 +36,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace as replaced
 from pathlib import Path
+from typing import Any
 
 from fleet.app import Fleet
 from fleet.config import Settings
-from fleet.errors import BadInput
+from fleet.errors import BadInput, UnknownRun
 from fleet.records import Replay
 from fleet.registry import Registry, StepDef, WorkflowDef
+from fleet.store import exports
+from fleet.store.queries import Queries
+from fleet.store.readonly import read_only
 from fleet.worker.attempt import execute
 from fleet.worker.dispatch import ADVANCE, EXECUTE, Message
 from fleet.worker.replay import advance
@@ -92,11 +97,12 @@ class InlineBroker:
 
 
 def replay(
-    run_id: str,
+    run_id: str | None = None,
     *,
     database_url: str | None = None,
     fleet: Fleet | None = None,
     workflow: WorkflowDef | str | None = None,
+    history: str | os.PathLike[str] | Mapping[str, Any] | None = None,
 ) -> Replay:
     """Replay the recorded run ``run_id`` in this process: its workflow function runs
     over its history, each step handing back its recorded output (no step body, effect
@@ -108,31 +114,64 @@ def replay(
     the first step where the workflow no longer does what the history records.
 
     Read-only: the store is opened so that the database refuses any write. The store is
-    ``database_url``, else ``fleet``'s. The workflow is ``workflow`` (a definition, or
-    the name of one ``fleet`` registered: another version of the code), else the one
-    ``fleet`` registered under the run's name, which must be the run's version and pins.
-    Without ``fleet``, ``workflow`` must be a definition and ``database_url`` given: the
-    steps and child workflows it names are taken as it hands them over (by definition,
-    not by name)."""
+    ``database_url``, else ``fleet``'s. Or, with no database at all, ``history``: a file
+    ``fleet export`` wrote (its path) or its document loaded (``export``'s dict); the
+    run is the history's (``run_id``, if given, must be it). The workflow is
+    ``workflow`` (a definition, or the name of one ``fleet`` registered: another version
+    of the code), else the one ``fleet`` registered under the run's name, which must be
+    the run's version and pins. Without ``fleet``, ``workflow`` must be a definition and
+    ``database_url`` or ``history`` given: the steps and child workflows it names are
+    taken as it hands them over (by definition, not by name)."""
+    if history is not None and database_url is not None:
+        raise BadInput("replay reads a store (database_url=) or a history (history=), not both")
     registry: Registry
     if fleet is None:
-        if not isinstance(workflow, WorkflowDef) or database_url is None:
+        if not isinstance(workflow, WorkflowDef) or (database_url is None and history is None):
             raise BadInput(
                 "replay needs the Fleet the run's workflow is registered on (fleet=), or "
-                "the workflow's definition (workflow=) and the store (database_url=)"
+                "the workflow's definition (workflow=) and the store (database_url=) or "
+                "an exported history (history=)"
             )
         settings, registry = Settings.from_env(database_url=database_url), _Given()
     else:
         settings, registry = fleet.settings, fleet.registry
         if database_url is not None:
             settings = replaced(settings, database_url=database_url)
+    exported = None if history is None else exports.load(history)
+    if exported is not None:
+        if run_id is not None and run_id != exported.run_id:
+            raise BadInput(f"the history is of run {exported.run_id!r}, not {run_id!r}")
+        run_id = exported.run_id
+    if run_id is None:
+        raise BadInput("replay needs the run's id, or its exported history (history=)")
     if isinstance(workflow, str):
         workflow = registry.workflow(workflow)
-    rt = local_runtime(settings, registry)
+    rt = local_runtime(settings, registry, exported)
     try:
         return replay_recorded(rt, run_id, workflow)
     finally:
         rt.db.dispose()
+
+
+def export(
+    run_id: str, *, database_url: str | None = None, fleet: Fleet | None = None
+) -> dict[str, Any]:
+    """The recorded history of run ``run_id`` as one JSON document (what ``fleet
+    export`` prints; ``replay(history=)`` reads it): the run's row, its steps, its
+    transcripts, the signals sent to it, its child runs' ends, its spend and the large
+    values they reference, each value as the store keeps it (a secret by its name only).
+    Read-only, from ``database_url``, else ``fleet``'s store, else the environment's
+    (``FLEET_DATABASE_URL``). ``UnknownRun`` if the store has no such run."""
+    if database_url is None:
+        database_url = (fleet.settings if fleet else Settings.from_env()).database_url
+    queries = Queries(read_only(database_url))
+    try:
+        document = exports.export_run(queries, run_id)
+    finally:
+        queries.db.dispose()
+    if document is None:
+        raise UnknownRun(f"no run {run_id!r} in the store")
+    return document
 
 
 class _Given(Registry):

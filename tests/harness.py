@@ -211,6 +211,20 @@ def make_backend(kind: str, workdir: Path) -> Backend:
     return backend
 
 
+def delete_store(backend: Backend, *clients: Fleet) -> None:
+    """Delete the backend's store (the SQLite file with its -wal and -shm, or the
+    Postgres database), the ``clients`` on it disposed of first: a history must do
+    without it. Teardown's DROP DATABASE IF EXISTS then finds nothing."""
+    for client in clients:
+        client.runtime.db.dispose()
+    if backend.kind == "sqlite":
+        path = Path(backend.database_url.removeprefix("sqlite:///"))
+        for file in path.parent.glob(path.name + "*"):
+            file.unlink()
+    for undo in backend.cleanup:
+        undo()
+
+
 def client_for(backend: Backend) -> Fleet:
     """A Fleet on the backend with the test workflows registered (as workers have them)."""
     from tests import flows

@@ -1,13 +1,19 @@
 """Workflows recorded in a test's process and replayed locally (``fleet.testing.replay``,
-tests/integration/test_local_replay.py). Every step body counts itself in ``BODIES``:
-a replay must leave it as it was."""
+tests/integration/test_local_replay.py, tests/integration/test_history_export.py,
+tests/e2e/test_cli_replay.py). Every step body counts itself in ``BODIES``: a replay
+must leave it as it was.
+
+Loaded with ``REPLAY_FLOWS_CHANGE`` set to a key of ``CHANGED`` (a ``fleet replay``
+subprocess), the module registers that changed ``agent``: the code as edited after its
+runs were recorded."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any
 
-from fleet import Fleet, StepContext, WorkflowContext
+from fleet import Fleet, Secret, StepContext, WorkflowContext
 from fleet.registry import WorkflowDef
 
 fleet = Fleet("replayflows")
@@ -36,6 +42,24 @@ def double(ctx: StepContext, x: int) -> int:
 def summarize(ctx: StepContext, messages: Any) -> str:
     BODIES["summarize"] += 1
     return "so far: " + " / ".join(str(m["content"]) for m in messages)
+
+
+KEY = "REPLAY_FLOWS_KEY"  # the environment variable a secret is read from
+LARGE = 300 * 1024  # over the default FLEET_MAX_PAYLOAD_BYTES: stored by reference
+
+
+@fleet.step
+def sign(ctx: StepContext, key: Secret, text: str) -> dict[str, Any]:
+    """Uses a secret (given by name) and returns a value too large to record inline."""
+    BODIES["sign"] += 1
+    return {"signed": f"{text} ({len(key.reveal())}-character key)", "padding": "x" * LARGE}
+
+
+@fleet.workflow(version="1")
+def keyed(wf: WorkflowContext, text: str) -> dict[str, Any]:
+    """A step given a secret by name, whose output is stored by reference."""
+    out = wf.step(sign, Secret.env(KEY), text)
+    return {"signed": out["signed"], "padding": len(out["padding"])}
 
 
 @fleet.workflow(version="1")
@@ -96,3 +120,7 @@ CHANGED = {
     "says_otherwise": WorkflowDef("agent", _says_otherwise, "1"),
     "one_more": WorkflowDef("agent", _one_more, "1"),
 }
+
+_change = os.environ.get("REPLAY_FLOWS_CHANGE")
+if _change:
+    fleet.registry.workflows["agent"] = CHANGED[_change]

@@ -2,9 +2,10 @@
 
 The commands live by concern: runs in ``cli_runs``, the fleet's processes, schema,
 dead letters and retention in ``cli_admin``, set-aside broker messages in
-``cli_messages``, a run's conversation in ``cli_transcript``; what they share in
-``cli_common``. Exit codes: 0 success; 1 the run or command failed; 2 bad usage or bad
-input, with one line naming what was wrong.
+``cli_messages``, a run's conversation in ``cli_transcript``, a run replayed locally
+and its history exported in ``cli_replay``; what they share in ``cli_common``. Exit
+codes: 0 success; 1 the run or command failed; 2 bad usage or bad input, with one line
+naming what was wrong.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from fleet.errors import BadInput
-from fleet.ops import cli_admin, cli_console, cli_limits, cli_runs, cli_transcript
+from fleet.ops import cli_admin, cli_console, cli_limits, cli_replay, cli_runs, cli_transcript
 from fleet.ops.cli_common import console, guard
 from fleet.ops.cli_messages import messages_app
 
@@ -63,6 +64,8 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "status": cli_runs.status,
     "watch": cli_runs.watch,
     "transcript": cli_transcript.transcript,
+    "replay": cli_replay.replay,
+    "export": cli_replay.export,
     "limits": cli_limits.limits,
     "metrics": cli_admin.metrics,
     "console": cli_console.console,

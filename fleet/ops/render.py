@@ -21,7 +21,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from fleet.durations import ago
-from fleet.records import attempts_by_step, saved_by_resume
+from fleet.records import Replay, attempts_by_step, saved_by_resume
 from fleet.states import Decision, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
 
 # Every status has a style (tests/unit/test_render.py): green ended well, red ended
@@ -357,6 +357,33 @@ def dead_letter_view(d: Any) -> Group:
     for k, v in rows:
         head.add_row(k, plain(v))
     return Group(head, plain(d.traceback or "(no traceback: the worker was lost)", style="dim"))
+
+
+REPLAY_STYLE = {"finished": "green", "failed": "red", "suspended": "yellow"}
+
+
+def replay_view(r: Replay) -> Group:
+    """What a local replay reached (``fleet replay``): the run's end as replayed (its
+    result, or its error with the replay's traceback), or the steps it stands before and
+    the signal it waits for."""
+    head = _grid()
+    head.add_row("run", plain(r.run_id))
+    head.add_row("replayed", plain(r.status, style=REPLAY_STYLE.get(r.status, "")))
+    head.add_row("steps met", f"{r.replayed} recorded (no step body run)")
+    if r.status == "finished":
+        head.add_row("result", plain(as_json(r.result)))
+    error = (r.error or "").split("\n", 1)
+    if r.error:
+        head.add_row("error", plain(error[0], style="red"))
+    if r.next:
+        head.add_row("stands before", plain(", ".join(r.next)))
+    if r.new:
+        head.add_row("not recorded yet", plain(", ".join(r.new)))
+    if r.wait is not None:
+        head.add_row("waits for", plain(f"signal {r.wait}"))
+    if len(error) > 1:
+        return Group(head, plain(error[1].strip("\n"), style="dim"))
+    return Group(head)
 
 
 def _stamp(ts: float | None) -> str:

@@ -9,7 +9,7 @@ transcript can be kept (``fleet/store/message_cache.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,15 +199,20 @@ def names_of(limit: int) -> Any:
 
 def resolve_blobs(conn: Connection, bodies: list[str | None]) -> list[str]:
     """Message bodies with each blob reference replaced by the blob's text (one
-    statement for all of them; none when no body is a reference). A body that is
-    None is a message recorded as its step's output whose step is gone: refused."""
-    if any(b is None for b in bodies):
-        raise PayloadError("a message recorded as its step's output has no such output")
+    statement for all of them; none when no body is a reference): ``with_blobs``."""
     digests = {b[len(BLOB) :] for b in bodies if b is not None and b.startswith(BLOB)}
     if not digests:
-        return [b for b in bodies if b is not None]
+        return with_blobs(bodies, {})
     rows = conn.execute(select(blobs.c.digest, blobs.c.body).where(blobs.c.digest.in_(digests)))
-    found: dict[str, str] = {digest: body for digest, body in rows}
+    return with_blobs(bodies, {digest: body for digest, body in rows})
+
+
+def with_blobs(bodies: Sequence[str | None], found: Mapping[str, str]) -> list[str]:
+    """Message bodies with each blob reference replaced by its text in ``found``
+    (digest → text: the store's, or an exported history's). A body that is None is a
+    message recorded as its step's output whose step is gone: refused."""
+    if any(b is None for b in bodies):
+        raise PayloadError("a message recorded as its step's output has no such output")
     out = []
     for body in bodies:
         assert body is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from fleet.errors import BadInput, StoreUnavailable
+from fleet.store import migrate
 from fleet.store.engine import Database, parse_url, redact, sqlite_path
 
 # A libpq option: every transaction of the session is read only unless it says otherwise
@@ -36,5 +37,13 @@ def read_only_url(url: str) -> str:
 
 
 def read_only(url: str) -> Database:
-    """The store at ``url``, read-only (``read_only_url``); dispose it when done."""
-    return Database(read_only_url(url))
+    """The store at ``url``, read-only (``read_only_url``), found at the code's schema
+    revision (``migrate.check``, which changes nothing: a store with no schema or at
+    another revision is ``StoreUnavailable`` in one line); dispose it when done."""
+    read = read_only_url(url)
+    plain = Database(url)  # checked under its own URL, which the messages name
+    try:
+        migrate.check(plain, create=False)
+    finally:
+        plain.dispose()
+    return Database(read)

@@ -12,8 +12,10 @@ run by a replay. Where an advance would record something (new steps, a wait, a v
 before.
 
 Nothing here writes. The replay's runtime reads a store opened read-only
-(fleet/store/readonly.py), so a write tried by mistake is refused by the database; its
-dispatcher sends nothing; a value too large to inline is referenced, never stored.
+(fleet/store/readonly.py), so a write tried by mistake is refused by the database, or
+a history exported from one (``fleet export``, fleet/store/exports.py), with no
+database at all; its dispatcher sends nothing; a value too large to inline is
+referenced, never stored.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from fleet.records import Replay
 from fleet.registry import Registry, WorkflowDef
 from fleet.secrets import redacting
 from fleet.states import RunStatus, StepKind
+from fleet.store.exports import Exported
 from fleet.store.ledger import Ledger, NewStep
 from fleet.store.payloads import BLOB, Payloads
 from fleet.store.queries import Queries
@@ -66,11 +69,15 @@ class _Unstored(Payloads):
         return BLOB + hashlib.sha256(text.encode()).hexdigest()
 
 
-def local_runtime(settings: Settings, registry: Registry) -> Runtime:
-    """A runtime for replays of runs in ``settings``' store, opened read-only: dispose of
-    its ``db`` when done."""
-    db = read_only(settings.database_url)
-    queries = Queries(db)
+def local_runtime(
+    settings: Settings, registry: Registry, history: Exported | None = None
+) -> Runtime:
+    """A runtime for replays of runs in ``settings``' store, opened read-only, or, given
+    ``history``, of the run an exported history holds, with no store at all (its reads
+    answered from the file's rows, fleet/store/exports.py): dispose of its ``db`` when
+    done."""
+    queries = Queries(read_only(settings.database_url)) if history is None else history
+    db = queries.db
     ledger = Ledger(db, grace=settings.sweep_grace)
     rt = Runtime(settings, db, ledger, queries, registry, Dispatcher(_Unsent()))
     rt.payloads = _Unstored(settings, ledger, queries)
@@ -192,7 +199,7 @@ def _registered(rt: Runtime, run: RunRow) -> WorkflowDef:
     if not wf.pinned_to(run.version, codec.decode(run.pins) or {}):
         raise BadInput(
             f"run {run.id} is of {run.workflow} version {run.version} pins {run.pins}; the "
-            f"registered one is version {wf.version} pins {dict(wf.pins)}: pass it as "
-            "workflow= to replay the run with it anyway"
+            f"registered one is version {wf.version} pins {dict(wf.pins)}: name it as the "
+            "workflow (workflow=, fleet replay --workflow) to replay the run with it anyway"
         )
     return wf

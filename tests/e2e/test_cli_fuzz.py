@@ -68,6 +68,10 @@ COMMANDS = st.one_of(
     _args("messages", "list", "--limit", WHOLE),
     _args("messages", "show", WHOLE),
     _args("messages", "purge", WHOLE),
+    _args("replay", ID, "-A", "tests.flows"),
+    _args("replay", KEPT, "-A", "tests.flows", "--workflow", TEXT),
+    _args("replay", "-A", "tests.flows", "--file", TEXT),
+    _args("export", ID),
 )
 
 
