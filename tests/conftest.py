@@ -66,3 +66,14 @@ def inline(client: Fleet, backend: Backend, monkeypatch: pytest.MonkeyPatch) -> 
     """Run steps in this process (replay tests); executions still go to the log."""
     monkeypatch.setenv("FLEET_TEST_LOG", str(backend.log_path))
     return InlineBroker(client)
+
+
+@pytest.fixture
+def recorder(backend: Backend) -> Iterator[Fleet]:
+    """The replay flows' Fleet (tests/replay_flows.py) on the backend, its schema made."""
+    from tests import replay_flows
+
+    fleet = replay_flows.fleet.with_settings(backend.settings())
+    fleet.upgrade_schema()
+    yield fleet
+    fleet.runtime.db.dispose()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,21 +16,12 @@ import pytest
 
 from fleet import Fleet
 from fleet.testing import InlineBroker, replay
-from tests import replay_flows
 from tests.e2e.test_cli import fleet_cli, one_line_error
 from tests.harness import Backend, delete_store
 from tests.replay_flows import KEY
 
 APP = "tests.replay_flows"
 SECRET_VALUE = "value-of-the-key-7d41e2"
-
-
-@pytest.fixture
-def recorder(backend: Backend) -> Iterator[Fleet]:
-    fleet = replay_flows.fleet.with_settings(backend.settings())
-    fleet.upgrade_schema()
-    yield fleet
-    fleet.runtime.db.dispose()
 
 
 def _finished(fleet: Fleet, workflow: str, *args: object, approve: bool = False) -> str:

@@ -6,7 +6,6 @@ name only and large values carried once by digest. Both stores."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,6 @@ from tests.harness import Backend, delete_store
 from tests.replay_flows import BODIES, CHANGED, KEY, LARGE
 
 SECRET_VALUE = "value-of-the-key-0f3c9a"
-
-
-@pytest.fixture
-def recorder(backend: Backend) -> Iterator[Fleet]:
-    fleet = replay_flows.fleet.with_settings(backend.settings())
-    fleet.upgrade_schema()
-    yield fleet
-    fleet.runtime.db.dispose()
 
 
 def _record(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:

@@ -6,7 +6,6 @@ replay's connections are ones the database refuses writes on. Both stores."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -29,15 +28,6 @@ from tests.replay_flows import BODIES, CHANGED
 
 TOPIC = "durable runs"
 APPROVED = {"approved": True, "by": "ann"}
-
-
-@pytest.fixture
-def recorder(backend: Backend) -> Iterator[Fleet]:
-    """The replay flows' Fleet on the backend (its schema made)."""
-    fleet = replay_flows.fleet.with_settings(backend.settings())
-    fleet.upgrade_schema()
-    yield fleet
-    fleet.runtime.db.dispose()
 
 
 def _until_waiting(fleet: Fleet, strict: bool = False) -> tuple[str, InlineBroker]:
