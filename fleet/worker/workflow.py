@@ -335,6 +335,14 @@ class WorkflowContext(Children, Fanouts):
             # A signal that came before this wait is waiting for it already.
             if "signal" in spec and self._rt.ledger.deliver_signals(self.run_id):
                 rec = self._rt.queries.step(self.run_id, step_id)
+        elif (
+            rec.status is not _DONE
+            and "signal" in spec
+            # Recorded by an advance that died before handing it a signal kept for it
+            # (where each store call commits on its own): nothing else ever would.
+            and self._rt.ledger.deliver_signals(self.run_id)
+        ):
+            rec = self._rt.queries.step(self.run_id, step_id)
         while rec is None or rec.status is not _DONE:
             self.waiting = True
             (rec,) = self._park(pos, (step_id,))

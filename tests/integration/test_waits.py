@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import signal
 import threading
+from typing import Any
 
 import pytest
 
 from fleet import BadInput, Fleet, RunFailed, UnknownRun
+from fleet.errors import StoreUnavailable
 from fleet.states import StepKind
 from fleet.store.ledger import NewStep
+from fleet.testing import InlineBroker
+from fleet.worker.inline import advance_steps
 from tests.e2e.test_cli import fleet_cli
 from tests.harness import Backend, Cluster, find_event, poll, starts
 
@@ -138,3 +142,36 @@ def test_cancel_a_running_a_waiting_and_a_queued_run(
         client.signal(waiting.id, "approval", {"approved": True})
     again = fleet_cli(backend, "cancel", waiting.id)
     assert again.returncode == 1 and "already ended" in again.stderr
+
+
+def test_a_kept_signal_reaches_its_wait_when_the_advance_died_after_recording_it(
+    client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal sent before its wait is handed over by the advance that records the
+    wait. When that advance dies between the two (the wait committed, the hand-over
+    lost with the connection: found by the chaos run under a Postgres restart), the
+    advance made again replays onto the pending wait and must hand the kept signal
+    over there; else the run waits for ever on a signal it has."""
+    run = client.enqueue("approval")
+    client.signal(run.id, "approval", {"approved": True})  # before the wait is reached
+    ledger = type(client.runtime.ledger)
+    deliver = ledger.deliver_signals
+    armed = [True]
+
+    def lost(self: Any, run_id: str) -> int:
+        if armed[0]:
+            raise StoreUnavailable("the connection was lost")
+        return deliver(self, run_id)
+
+    monkeypatch.setattr(ledger, "deliver_signals", lost)
+    # work#1, then the advance after it: its one transaction fails (Postgres; SQLite
+    # makes each store call its own), then store call by store call the wait's record
+    # commits and the hand-over after it fails: "the sweeper will retry".
+    inline.drain()
+    wait = client.runtime.queries.step(run.id, "wait:approval#1")
+    assert wait is not None and wait.status == "pending"
+    assert run.status() == "running"  # its wake-up unanswered: the sweeper re-sends it
+    armed[0] = False
+    advance_steps(client.runtime, run.id)  # the re-sent advance replays onto the wait
+    inline.drain()
+    assert run.wait(timeout=5) == {"decision": {"approved": True}}
