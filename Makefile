@@ -5,16 +5,24 @@ PY := .venv/bin/python
 SEED ?=
 REPS ?= 3
 
-.PHONY: setup chaos bench
+.PHONY: setup chaos chaos-embedded chaos-mixed bench
 
 setup:
 	./dev fleet --help >/dev/null
 	$(PY) -c "import dbos" 2>/dev/null || $(PY) -m pip install --quiet -e ".[dev,bench]"
 
-# 300 runs × 16 steps on 3 workers, 60 faults; needs root and pg_createcluster (a
-# private Postgres cluster and Redis are started, restarted and removed).
+# 1,000 generated programs on 3 workers, 100 faults, checked against their model;
+# needs root and pg_createcluster (a private Postgres cluster and Redis are started,
+# restarted and removed). chaos-embedded: the same on SQLite and the filesystem broker
+# (kills, freezes, flushes, duplicates). chaos-mixed: the first week's workload.
 chaos: setup
-	$(PY) -m tests.chaos --runs 300 --faults 60 $(if $(SEED),--seed $(SEED)) --json bench/out/chaos.json
+	$(PY) -m tests.chaos --programs 1000 --faults 100 $(if $(SEED),--seed $(SEED)) --json bench/out/chaos.json
+
+chaos-embedded: setup
+	$(PY) -m tests.chaos --embedded --programs 1000 --faults 100 $(if $(SEED),--seed $(SEED)) --json bench/out/chaos-embedded.json
+
+chaos-mixed: setup
+	$(PY) -m tests.chaos --runs 300 --faults 60 $(if $(SEED),--seed $(SEED)) --json bench/out/chaos-mixed.json
 
 bench: setup
 	$(PY) -m bench.sequential --reps $(REPS)

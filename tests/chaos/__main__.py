@@ -1,5 +1,10 @@
 """``python -m tests.chaos``: the chaos run from the command line (``make chaos``).
 
+``--replay SEED --index I [I ...]`` runs programs I of seed SEED alone on the same fleet
+without faults and prints each one, the model's ends and the history of its runs: the
+program of a failure, reproduced (the failure's own command, printed with it, runs the
+same programs under the same faults again).
+
 With ``--mutant NAME`` the workers and sweeper run a planted bug (tests/chaos/mutants.py)
 and the run is expected to fail: it exits 0 if its checks caught the bug, 1 if not."""
 
@@ -19,12 +24,33 @@ from tests.chaos.harness import ChaosConfig, run_chaos
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
     p.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed")
-    p.add_argument("--runs", type=int, default=300)
+    p.add_argument("--runs", type=int, default=300, help="runs of the mixed workflow")
+    p.add_argument(
+        "--programs", type=int, default=0, help="generated programs instead of mixed runs"
+    )
     p.add_argument("--faults", type=int, default=50)
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--step-seconds", type=float, default=0.3)
     p.add_argument("--lease", type=float, default=2.0)
+    p.add_argument(
+        "--window", type=int, default=100, help="programs live at once (0: all at the start)"
+    )
+    p.add_argument(
+        "--index", type=int, nargs="+", default=None, help="only these programs of the seed"
+    )
+    p.add_argument(
+        "--replay",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="with --index: those programs of SEED alone, fault-free, printed in full",
+    )
+    p.add_argument(
+        "--embedded",
+        action="store_true",
+        help="on the embedded default (SQLite + filesystem broker): kill, freeze, flushall",
+    )
     p.add_argument("--kinds", nargs="+", default=None, help=f"some of {list(WEIGHTS)}")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument("--keep", action="store_true", help="keep the logs even on success")
@@ -34,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.list_mutants:
         print(mutants.table())
         return 0
+    if a.replay is not None:
+        if not a.index:
+            p.error("--replay SEED needs --index I [I ...]: the programs to reproduce")
+        a.seed, a.faults = a.replay, 0
     cfg = ChaosConfig(
         seed=a.seed if a.seed is not None else secrets.randbelow(10**6),
         runs=a.runs,
@@ -45,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         keep=a.keep,
         kinds=a.kinds,
         mutant=a.mutant,
+        programs=a.programs,
+        embedded=a.embedded,
+        indices=a.index,
+        window=a.window,
+        verbose=a.replay is not None,
     )
     report = run_chaos(cfg)
     print(report.render())

@@ -14,9 +14,14 @@ APP = "tests.chaos.flows"
 
 class Crew:
     def __init__(
-        self, spawn: Callable[[str, list[str]], FleetProcess], size: int, concurrency: int
+        self,
+        spawn: Callable[[str, list[str]], FleetProcess],
+        size: int,
+        concurrency: int,
+        app: str = APP,
     ) -> None:
         self._spawn = spawn
+        self._app = app
         self._concurrency = concurrency
         self._lock = threading.Lock()
         self._generation = [0] * size
@@ -27,7 +32,7 @@ class Crew:
     def _start(self, slot: int) -> FleetProcess:
         self._generation[slot] += 1
         name = f"worker{slot}.{self._generation[slot]}"
-        return self._spawn(name, worker_argv(APP, self._concurrency, "threads"))
+        return self._spawn(name, worker_argv(self._app, self._concurrency, "threads"))
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         for proc in self.slots:

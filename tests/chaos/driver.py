@@ -71,6 +71,11 @@ class Driver:
             w.actions += [_Action("budget", run_id) for run_id in exp.runs]
         self._watches.append(w)
 
+    def forget(self, root_id: str) -> None:
+        """Forget what was seen of the tree of ``root_id`` (its id is enqueued again)."""
+        for run_id in [r for r in self._status if r == root_id or r.startswith(root_id + "/")]:
+            del self._status[run_id]
+
     def pending(self) -> int:
         return sum(len(w.actions) for w in self._watches)
 
@@ -83,9 +88,10 @@ class Driver:
                 if action.due > now:
                     continue
                 try:
-                    finished = self._act(w.expected, action)
-                except (UnknownRun, BadInput) as exc:
-                    finished = self._refused(action, exc)
+                    try:
+                        finished = self._act(w.expected, action)
+                    except (UnknownRun, BadInput) as exc:
+                        finished = self._refused(action, exc)
                 except Exception:  # the store is unreachable: try again later
                     self.counts["store_errors"] += 1
                     finished = False

@@ -1,8 +1,9 @@
 """The freeze fault, built so that every freeze tests the fence. A worker caught with
 step bodies in flight is stopped (SIGSTOP) and continued (SIGCONT) only once a newer
-attempt has taken every caught step over, so each caught body wakes as a zombie and
-writes after its lease has gone: the write the epoch fence must refuse. A freeze whose
-steps are not all taken over within the cap is continued anyway.
+attempt has taken every caught step over (or ``AFTER_FIRST`` after the first takeover),
+so each caught body wakes as a zombie and writes after its lease has gone, while its
+successor still runs: the write the epoch fence must refuse. A freeze whose steps are
+not taken over within the cap is continued anyway.
 
 A fixed-length freeze did not do that: behind a deep queue the re-sent step often
 waited longer than the freeze (the zombie then committed legitimately), a worker frozen
@@ -32,6 +33,11 @@ from tests.chaos.probe import UNREPORTED, StoreProbe
 
 CATCH_WITHIN = 15.0  # how long a freeze looks for a worker with a step body in flight
 REPORT_WITHIN = 20.0  # how long ``finish`` waits for the continued zombies to write
+# Once one caught step has been taken over, how long the others have to follow before
+# the thaw: a caught step may never be (its run cancelled meanwhile), and waiting for
+# it out the cap lets every taken-over step's new attempt commit first, so the zombies
+# would wake to settled steps instead of to running successors.
+AFTER_FIRST = 0.2
 
 
 def in_flight(log: Path) -> dict[int, list[Body]]:
@@ -157,6 +163,8 @@ class Freezer:
             seen = self.probe.taken_over(fault.caught) or seen
             if len(seen) == len(fault.caught):
                 break
+            if seen:  # the first takeover: the rest have AFTER_FIRST seconds to follow
+                give_up = min(give_up, time.monotonic() + AFTER_FIRST)
             self._finishing.wait(0.05)
         # Read last thing before the SIGCONT. Epochs only grow, so a step seen taken
         # over here was taken over before the zombie could write.

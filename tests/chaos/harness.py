@@ -1,6 +1,9 @@
-"""One chaos run: a fault-free reference of the inputs (in process, on SQLite), then the
-same inputs on 3+ real workers against a private Postgres + Redis while the seeded
-injector strikes; then the report. ``python -m tests.chaos --help`` runs it."""
+"""One chaos run: a workload on 3+ real workers against a private Postgres + Redis while
+the seeded injector strikes, then the report. ``python -m tests.chaos --help`` runs it.
+
+Two workloads: ``mixed`` (the first week's: runs of one 16-step workflow, compared with
+a fault-free reference run of the same inputs, in process on SQLite) and, with
+``programs`` > 0, generated programs compared with their model (program_chaos.py)."""
 
 from __future__ import annotations
 
@@ -15,17 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet import Settings
+from fleet import Fleet, Settings
 from fleet.testing import SWEEPER_READY, FleetProcess, sweeper_argv
 from tests.chaos import flows, mutants
 from tests.chaos.crew import APP, Crew
+from tests.chaos.faults import DUPLICATE, FLUSHALL, FREEZE, KILL, Fault
 from tests.chaos.injector import Injector, Plan
 from tests.chaos.probe import StoreProbe
+from tests.chaos.program_chaos import ProgramWorkload
+from tests.chaos.proxy import Proxy
 from tests.chaos.report import Report, analyse
-from tests.chaos.services import PrivatePostgres, PrivateRedis
+from tests.chaos.services import EmbeddedBroker, EmbeddedStore, PrivatePostgres, PrivateRedis
 from tests.harness import Backend, InlineBroker
 
 SWEEP_GRACE = 1.0
+# The faults of the embedded default: no server to restart; a flush empties the broker's
+# queue folder.
+EMBEDDED_KINDS = (KILL, FREEZE, FLUSHALL, DUPLICATE)
 
 
 @dataclass
@@ -56,15 +65,37 @@ class ChaosConfig:
     kinds: list[str] | None = None  # fault kinds to inject (default: every kind)
     extra: dict[str, str] = field(default_factory=dict)
     mutant: str | None = None  # a planted bug the workers and sweeper run (mutants.py)
+    programs: int = 0  # > 0: this many generated programs instead of ``runs`` mixed runs
+    # The embedded default (a SQLite file, Celery's filesystem transport) instead of a
+    # private Postgres + Redis: only the faults that apply to it (EMBEDDED_KINDS).
+    embedded: bool = False
+    window: int = 100  # programs live at once (0: every program enqueued at the start)
+    indices: list[int] | None = None  # only these programs of the seed
+    verbose: bool = False  # each program's model and history in the output
+
+    def fault_kinds(self) -> list[str] | None:
+        """The kinds of fault to draw from (None: every kind)."""
+        if not self.embedded:
+            return self.kinds
+        wrong = sorted(set(self.kinds or ()) - set(EMBEDDED_KINDS))
+        if wrong:
+            raise ValueError(f"fault kind(s) {wrong} do not apply to the embedded default")
+        return self.kinds or list(EMBEDDED_KINDS)
 
     def command(self) -> str:
+        size = f"--programs {self.programs}" if self.programs else f"--runs {self.runs}"
+        if self.indices:
+            size = "--index " + " ".join(map(str, self.indices))
+        elif self.programs:
+            size += f" --window {self.window}"
         return (
-            f"python -m tests.chaos --seed {self.seed} --runs {self.runs} "
+            f"python -m tests.chaos --seed {self.seed} {size} "
             f"--faults {self.faults} --workers {self.workers} "
             f"--concurrency {self.concurrency} --step-seconds {self.step_seconds} "
             f"--lease {self.lease_seconds}"
             + (f" --kinds {' '.join(self.kinds)}" if self.kinds else "")
             + (f" --mutant {self.mutant}" if self.mutant else "")
+            + (" --embedded" if self.embedded else "")
         )
 
 
@@ -101,11 +132,60 @@ def reference_outputs(jobs: list[int], folder: Path) -> dict[int, Any]:
     return {job: h.wait(timeout=0) for job, h in handles.items()}
 
 
-def _wait_for_runs(probe: StoreProbe, injector: Injector, settle: float) -> None:
-    """Until every run has finished, or ``settle`` seconds after the last fault."""
+@dataclass
+class MixedWorkload:
+    """``runs`` runs of the 16-step ``mixed`` workflow, each on a seeded input."""
+
+    seed: int
+    runs: int
+    rng: random.Random
+    jobs: dict[str, int] = field(default_factory=dict)
+    reference: dict[int, Any] = field(default_factory=dict)
+    app: str = APP
+    fleet: Fleet = flows.fleet
+
+    def prepare(self, workdir: Path, say: Callable[[str], None]) -> None:
+        self.jobs = {
+            f"chaos-{self.seed}-{i}": self.rng.randrange(1, 1_000_000) for i in range(self.runs)
+        }
+        started = time.monotonic()
+        self.reference = reference_outputs(list(self.jobs.values()), workdir / "reference")
+        took = time.monotonic() - started
+        say(f"  fault-free reference of {len(self.reference)} inputs: {took:.1f}s")
+
+    def env(self, workdir: Path) -> dict[str, str]:
+        return {}
+
+    def enqueue(self, client: Fleet) -> None:
+        for rid, job in self.jobs.items():
+            client.enqueue("mixed", job, run_id=rid)
+
+    def tick(self) -> None:
+        pass
+
+    def done(self) -> bool:
+        return True
+
+    def analyse(
+        self, client: Fleet, faults: list[Fault], log: Path, provider: Path, stopped_at: float
+    ) -> Report:
+        return analyse(
+            client, self.seed, self.jobs, self.reference, faults, log, provider, stopped_at
+        )
+
+
+Workload = MixedWorkload | ProgramWorkload
+
+
+def _wait_for_runs(
+    probe: StoreProbe, injector: Injector, settle: float, workload: Workload
+) -> None:
+    """Until every run has finished and the workload is done, or ``settle`` seconds
+    after the last fault; the workload ticks meanwhile (the driver's actions)."""
     settle_from: float | None = None
     while True:
-        if probe.unfinished() == 0:
+        workload.tick()
+        if probe.unfinished() == 0 and workload.done():
             return
         if not injector.is_alive():
             settle_from = settle_from or time.monotonic()
@@ -116,20 +196,38 @@ def _wait_for_runs(probe: StoreProbe, injector: Injector, settle: float) -> None
 
 def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
     rng = random.Random(cfg.seed)
-    jobs = {f"chaos-{cfg.seed}-{i}": rng.randrange(1, 1_000_000) for i in range(cfg.runs)}
+    workload: Workload = (
+        ProgramWorkload(cfg.seed, cfg.programs, cfg.indices, cfg.verbose, say, window=cfg.window)
+        if cfg.programs or cfg.indices
+        else MixedWorkload(cfg.seed, cfg.runs, rng)
+    )
     workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix=f"fleet-chaos-{cfg.seed}-"))
     say(f"chaos seed {cfg.seed} (reproduce: {cfg.command()}); logs in {workdir}")
-    started = time.monotonic()
-    reference = reference_outputs(list(jobs.values()), workdir / "reference")
-    say(f"  fault-free reference of {len(reference)} inputs: {time.monotonic() - started:.1f}s")
+    workload.prepare(workdir, say)
 
-    pg, redis = PrivatePostgres(cfg.pg_port, cfg.cluster), PrivateRedis(cfg.redis_port, workdir)
+    pg: PrivatePostgres | EmbeddedStore
+    redis: PrivateRedis | EmbeddedBroker
+    if cfg.embedded:
+        pg, redis = EmbeddedStore(workdir), EmbeddedBroker(workdir)
+    else:
+        pg, redis = PrivatePostgres(cfg.pg_port, cfg.cluster), PrivateRedis(cfg.redis_port, workdir)
+    # The workers and the sweeper reach Postgres and Redis through proxies the injector
+    # can cut; the harness's own client and probe go straight to them.
+    proxies: dict[str, Proxy] = {}
+    db_url, broker_url = pg.url, redis.url
+    if isinstance(pg, PrivatePostgres) and isinstance(redis, PrivateRedis):
+        proxies = {
+            "postgres": Proxy(pg.port, "pg-proxy").start(),
+            "redis": Proxy(redis.port, "redis-proxy").start(),
+        }
+        db_url = pg.url.replace(f":{pg.port}/", f":{proxies['postgres'].port}/")
+        broker_url = redis.url.replace(f":{redis.port}/", f":{proxies['redis'].port}/")
     log = workdir / "steps.jsonl"
     backend = Backend(
-        "postgres",
+        "sqlite" if cfg.embedded else "postgres",
         workdir,
-        pg.url,
-        redis.url,
+        db_url,
+        broker_url,
         lease_seconds=cfg.lease_seconds,
         extra_env={
             "FLEET_SWEEP_INTERVAL": "0.25",
@@ -137,6 +235,7 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
             "FLEET_CHAOS_LOG": str(log),
             "FLEET_CHAOS_STEP_SECONDS": str(cfg.step_seconds),
             **mutants.engine_env(cfg.mutant, workdir),  # not the reference's, nor client's
+            **workload.env(workdir),
             **cfg.extra,
         },
     )
@@ -153,42 +252,41 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
     pg.start()
     try:
         redis.start()
-        client = flows.fleet.with_settings(Settings.from_env(env))
+        direct = {**env, "FLEET_DATABASE_URL": pg.url, "FLEET_BROKER_URL": redis.url}
+        client = workload.fleet.with_settings(Settings.from_env(direct))
         client.upgrade_schema()
         probe = StoreProbe(client)
-        sweeper = spawn("sweeper", sweeper_argv(APP))
-        crew = Crew(spawn, cfg.workers, cfg.concurrency)
+        sweeper = spawn("sweeper", sweeper_argv(workload.app))
+        crew = Crew(spawn, cfg.workers, cfg.concurrency, workload.app)
         crew.wait_ready()
         if not sweeper.wait_for_output(SWEEPER_READY, 30):
             raise RuntimeError(f"sweeper did not start:\n{sweeper.output()[-3000:]}")
         mutants.prove_planted(cfg.mutant, workdir, [*crew.pids(), sweeper.pid])
-        for rid, job in jobs.items():
-            client.enqueue("mixed", job, run_id=rid)
+        workload.enqueue(client)
         t0 = time.monotonic()
-        say(f"  {cfg.runs} runs enqueued on {cfg.workers} workers × {cfg.concurrency} threads")
+        say(f"  enqueued on {cfg.workers} workers × {cfg.concurrency} threads")
         injector = Injector(
             rng,
-            Plan.draw(rng, cfg.faults, cfg.gap, cfg.freeze_cap, cfg.kinds),
+            Plan.draw(rng, cfg.faults, cfg.gap, cfg.freeze_cap, cfg.fault_kinds()),
             crew,
             pg,
             redis,
             log,
             probe,
             say,
+            proxies,
         )
         injector.start()
-        _wait_for_runs(probe, injector, cfg.settle)
+        _wait_for_runs(probe, injector, cfg.settle, workload)
         injector.finish()
         if injector.error is not None:
             raise RuntimeError(f"the injector failed: {injector.error!r}") from injector.error
         # A run still live here gets the settle time after the last thaw, too.
-        _wait_for_runs(probe, injector, cfg.settle)
+        _wait_for_runs(probe, injector, cfg.settle, workload)
         elapsed = time.monotonic() - t0
         stopped_at = time.time()
         crew.stop()
-        report = analyse(
-            client, cfg.seed, jobs, reference, injector.faults, log, provider, stopped_at
-        )
+        report = workload.analyse(client, injector.faults, log, provider, stopped_at)
         report.seconds = elapsed
     finally:
         if crew is not None:
@@ -196,6 +294,8 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
         if sweeper is not None:
             sweeper.signal(9)
             sweeper.stop()
+        for proxy in proxies.values():
+            proxy.close()
         redis.stop()
         pg.drop()
     if report.ok and not cfg.keep:

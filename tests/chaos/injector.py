@@ -1,22 +1,28 @@
 """The seeded fault injector: at random moments it SIGKILLs a worker (and starts a
 replacement), freezes one with step bodies in flight until they are taken over (see
-``tests.chaos.freeze``), FLUSHALLs Redis, restarts Redis, and restarts Postgres. Every
+``tests.chaos.freeze``), FLUSHALLs Redis, restarts Redis, restarts Postgres, resets
+every connection of the workers to Postgres or Redis (through the proxies,
+tests/chaos/proxy.py), and delivers advances again to running runs. Every
 fault is recorded with its time."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.chaos.crew import Crew
 from tests.chaos.faults import (
+    BROKER_CUT,
+    DUPLICATE,
     FLUSHALL,
     FREEZE,
     KILL,
+    PG_CUT,
     PG_RESTART,
     REDIS_RESTART,
     WEIGHTS,
@@ -25,12 +31,16 @@ from tests.chaos.faults import (
 )
 from tests.chaos.freeze import Freezer
 from tests.chaos.probe import StoreProbe
-from tests.chaos.services import PrivatePostgres, PrivateRedis
+from tests.chaos.proxy import Proxy
+from tests.chaos.services import EmbeddedBroker, EmbeddedStore, PrivatePostgres, PrivateRedis
 
 __all__ = [
+    "BROKER_CUT",
+    "DUPLICATE",
     "FLUSHALL",
     "FREEZE",
     "KILL",
+    "PG_CUT",
     "PG_RESTART",
     "REDIS_RESTART",
     "WEIGHTS",
@@ -39,6 +49,9 @@ __all__ = [
     "Plan",
     "fault_dicts",
 ]
+
+
+DUPLICATES = 20  # runs a duplicate delivery sends an advance to, at most
 
 
 @dataclass
@@ -78,15 +91,17 @@ class Injector(threading.Thread):
         rng: random.Random,
         plan: Plan,
         crew: Crew,
-        pg: PrivatePostgres,
-        redis: PrivateRedis,
+        pg: PrivatePostgres | EmbeddedStore,
+        redis: PrivateRedis | EmbeddedBroker,
         log: Path,
         probe: StoreProbe,
         say: Callable[[str], None] = print,
+        proxies: Mapping[str, Proxy] | None = None,
     ) -> None:
         super().__init__(name="fault-injector", daemon=True)
         self.rng, self.plan, self.crew, self.pg, self.redis = rng, plan, crew, pg, redis
-        self.say = say
+        self.say, self.probe = say, probe
+        self.proxies = dict(proxies or {})  # "postgres", "redis": what the workers reach
         self.freezer = Freezer(crew, log, probe, rng, plan.freeze_cap, say)
         self.faults: list[Fault] = []
         self.done = threading.Event()  # set by the harness when every run has finished
@@ -128,13 +143,38 @@ class Injector(threading.Thread):
     def _flushall(self) -> Fault:
         at = time.time()
         self.redis.flushall()
-        return Fault(FLUSHALL, at, time.time(), None, "every queued and unacked message lost")
+        return Fault(FLUSHALL, at, time.time(), None, self.redis.FLUSHED)
 
     def _redis_restart(self) -> Fault:
         at = time.time()
         down = self.rng.uniform(0.2, 2.0)
         self.redis.restart(down)
         return Fault(REDIS_RESTART, at, time.time(), None, f"Redis down {down:.1f}s, back empty")
+
+    def _duplicate(self) -> Fault:
+        """Deliver an advance again to some running runs (those mid-fan-out, parked on a
+        step, or being advanced right now): fleet must treat it as the no-op it is."""
+        at = time.time()
+        runs = self.probe.running(DUPLICATES) or []
+        sent = 0
+        for run_id, queue in runs:
+            with contextlib.suppress(Exception):  # the broker restarting: fewer sent
+                sent += bool(self.probe.client.runtime.dispatcher.advance(run_id, queue))
+        return Fault(DUPLICATE, at, time.time(), None, f"an advance sent again to {sent} run(s)")
+
+    def _cut(self, kind: str, what: str) -> Fault:
+        proxy = self.proxies.get(what)
+        if proxy is None:
+            raise RuntimeError(f"{kind}: the workers do not reach {what} through a proxy")
+        at = time.time()
+        n = proxy.cut()
+        return Fault(kind, at, time.time(), None, f"{n} connection(s) to {what} reset")
+
+    def _pg_cut(self) -> Fault:
+        return self._cut(PG_CUT, "postgres")
+
+    def _broker_cut(self) -> Fault:
+        return self._cut(BROKER_CUT, "redis")
 
     def _postgres_restart(self) -> Fault:
         at = time.time()

@@ -5,6 +5,7 @@ restarts Postgres): the caller asks again."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -20,13 +21,30 @@ UNREPORTED = frozenset({"running", "lost"})
 T = TypeVar("T")
 
 
+def _sqlite_write_locked(path: str) -> int | None:
+    """1 if another connection holds the write lock of the SQLite file, else 0 (None:
+    the file could not be read)."""
+    try:
+        conn = sqlite3.connect(path, timeout=0.05, isolation_level=None)
+    except sqlite3.Error:
+        return None
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return 0
+    except sqlite3.OperationalError:
+        return 1
+    finally:
+        conn.close()
+
+
 class StoreProbe:
     def __init__(self, client: Fleet) -> None:
-        self._client = client
+        self.client = client
 
     def _read(self, read: Callable[[Connection], T]) -> T | None:
         try:
-            with self._client.runtime.db.engine.connect() as conn:
+            with self.client.runtime.db.engine.connect() as conn:
                 return read(conn)
         except Exception:  # Postgres restarting: the caller asks again
             return None
@@ -44,10 +62,26 @@ class StoreProbe:
             )
         )
 
+    def running(self, limit: int) -> list[tuple[str, str]] | None:
+        """Up to ``limit`` runs that are running, with their queues (id, queue)."""
+        return self._read(
+            lambda conn: [
+                (str(r[0]), str(r[1]))
+                for r in conn.execute(
+                    text("SELECT id, queue FROM fleet_runs WHERE status = 'running' LIMIT :n"),
+                    {"n": limit},
+                )
+            ]
+        )
+
     def in_transaction(self, application_name: str) -> int | None:
         """Postgres sessions of the process named ``application_name`` (its PGAPPNAME)
         that are not idle: inside a transaction, holding whatever rows it has written
-        locked until it commits."""
+        locked until it commits. On SQLite, whether any process holds the file's write
+        lock (1) or not (0): a process stopped holding it stops every writer."""
+        engine = self.client.runtime.db.engine
+        if engine.dialect.name == "sqlite":
+            return _sqlite_write_locked(str(engine.url.database))
         return self._read(
             lambda conn: int(
                 conn.execute(

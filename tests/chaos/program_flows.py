@@ -113,8 +113,11 @@ def chaos_effect(ctx: StepContext, acc: int, k: int) -> dict[str, Any]:
     """The effect: one call to the provider under the step's idempotency key."""
     with _body(ctx):
         body = str(_perform(ctx, "chaos_effect", acc, k))
+        checked_at = time.time()
         ctx.heartbeat()  # a zombie woken after a takeover stops here (LeaseLost)
-        _log(ctx, "call")
+        # The lease was held at some moment after ``checked_at``: a freeze that lands
+        # after that and before the call leaves a zombie the check cannot stop.
+        _log(ctx, "call", checked_at=checked_at)
         return provider_apply(ctx.idempotency_key, body)
 
 

@@ -4,8 +4,10 @@ store) and the stand-in provider's call log — never from the workers' own word
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,9 @@ class Report:
     kill_to_restart: list[float] = field(default_factory=list)
     kills_without_step: int = 0
     seconds: float = 0.0
+    # Store-level checks by name (tests/chaos/checks.py): each failure found, none: held.
+    checks: dict[str, list[str]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # the workload's own figures
 
     @property
     def failures(self) -> list[str]:
@@ -77,6 +82,9 @@ class Report:
                 f"{self.stale_expected_fenced} late finish(es) after a takeover but only "
                 f"{self.fenced_writes} fenced write(s): a zombie's write got through"
             )
+        for name, found in self.checks.items():
+            if found:
+                out.append(f"check {name}: {len(found)} failure(s): {found[:3]}")
         return out
 
     @property
@@ -112,17 +120,26 @@ class Report:
             "kill_to_restart_s": {
                 "n": len(deltas),
                 "median": round(statistics.median(deltas), 2) if deltas else None,
+                "p90": _quantile(deltas, 0.90),
+                "p99": _quantile(deltas, 0.99),
                 "max": round(max(deltas), 2) if deltas else None,
             },
             "kills_with_no_step_in_flight": self.kills_without_step,
+            "checks_failed": {name: len(found) for name, found in self.checks.items()},
+            **self.extra,
             "seconds": round(self.seconds, 1),
         }
 
     def render(self) -> str:
         f = self.figures()
         k = f["kill_to_restart_s"]
+        what = (
+            f"{self.extra['programs']} programs ({self.extra['runs']} runs)"
+            if "programs" in self.extra
+            else f"{self.runs} runs"
+        )
         lines = [
-            f"chaos seed {self.seed}: {self.runs} runs, {f['faults']} faults "
+            f"chaos seed {self.seed}: {what}, {f['faults']} faults "
             f"{f['faults_by_kind']} in {f['seconds']}s",
             f"  runs lost                        {f['runs_lost']}",
             f"  outputs differing from fault-free {f['outputs_differing']}",
@@ -138,15 +155,31 @@ class Report:
             f"  steps re-executed                {f['steps_re_executed']} of "
             f"{f['steps_executed']} ({f['re_executed_per_fault']} per fault)",
             (
-                f"  kill → step running again        median {k['median']}s, max {k['max']}s "
-                f"over {k['n']} interrupted steps"
+                f"  kill → step running again        median {k['median']}s, p90 {k['p90']}s, "
+                f"p99 {k['p99']}s, max {k['max']}s over {k['n']} interrupted steps"
                 if k["n"]
                 else "  kill → step running again        (no step was interrupted by a kill)"
             ),
         ]
+        if self.checks:
+            held = ", ".join(f"{n} {len(v)}" for n, v in self.checks.items())
+            lines.append(f"  store checks failed               {held}")
+        if "programs" in self.extra:
+            lines.append(f"  ends {self.extra['ends']}; driver {self.extra['driver']}")
+            lines.append(f"  retention meanwhile              {self.extra.get('retention', {})}")
+            died = self.extra.get("died_of_faults", 0)
+            lines.append(f"  steps that died of faults        {died}")
         verdict = "PASS" if self.ok else "FAIL: " + "; ".join(self.failures)
         lines.append(f"  {verdict}")
         return "\n".join(lines)
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (nearest rank) of ``values``, rounded; None if there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))], 2)
 
 
 def _events(log: Path) -> list[dict[str, Any]]:
@@ -173,10 +206,6 @@ def analyse(
             (s.run_id, s.step_id): s
             for s in conn.execute(text("SELECT run_id, step_id, name, epoch FROM fleet_steps"))
         }
-    incidents = client.runtime.queries.incident_counts()
-    report.fenced_writes = incidents.get("fenced_write", 0)
-    report.takeovers = incidents.get("takeover", 0)
-
     outputs: dict[str, Any] = {}
     for rid, job in jobs.items():
         row = runs.get(rid)
@@ -187,16 +216,45 @@ def analyse(
         if outputs[rid] != reference[job]:
             report.differing.append(rid)
 
-    _zombies(report, client, faults)
     events = _events(log)
     _effects(report, outputs, steps, provider, events, faults)
-    _executions(report, events, steps)
-    _stale(report, events, steps, faults, stopped_at)
-    _recoveries(report, events, faults)
+    common_figures(report, client, faults, log, steps, stopped_at, DESIGNED_STARTS)
     return report
 
 
-def _zombies(report: Report, client: Fleet, faults: list[Fault]) -> None:
+def common_figures(
+    report: Report,
+    client: Fleet,
+    faults: list[Fault],
+    log: Path,
+    steps: dict[Any, Any],
+    stopped_at: float,
+    designed: dict[str, int] | None = None,
+    known: Mapping[Body, str] | None = None,
+) -> None:
+    """What any workload's report says of its faults: the store's fenced writes and
+    takeovers, the frozen zombies' outcomes, re-executions, late finishes and the time
+    from a kill to the interrupted step running again. ``designed``: each step name's
+    starts by design (re-executions are the starts past them); None: a re-execution is
+    a start after an attempt of the same step that never ended. ``known``: attempts'
+    outcomes as captured before retention deleted them."""
+    # With what retention kept of the incidents of the runs it deleted.
+    incidents = client.runtime.queries.figures().incidents
+    report.fenced_writes = incidents.get("fenced_write", 0)
+    report.takeovers = incidents.get("takeover", 0)
+    _zombies(report, client, faults, known)
+    events = _events(log)
+    if designed is None:
+        _interrupted_starts(report, events)
+    else:
+        _executions(report, events, steps, designed)
+    _stale(report, events, steps, faults, stopped_at)
+    _recoveries(report, events, faults)
+
+
+def _zombies(
+    report: Report, client: Fleet, faults: list[Fault], known: Mapping[Body, str] | None
+) -> None:
     """How each attempt a freeze caught, and saw taken over before its thaw, ended in
     the store: fenced, or never written (running or lost); anything else means its
     write was applied after the takeover."""
@@ -205,6 +263,9 @@ def _zombies(report: Report, client: Fleet, faults: list[Fault]) -> None:
     outcomes = StoreProbe(client).outcomes(bodies)
     if outcomes is None:
         raise RuntimeError("the store did not answer for the frozen attempts' outcomes")
+    for body, outcome in outcomes.items():  # pruned since: as captured before the prune
+        if outcome == "missing" and known and body in known:
+            outcomes[body] = known[body]
     for (run_id, step_id, epoch), outcome in sorted(outcomes.items()):
         if outcome == "fenced":
             report.zombies_fenced += 1
@@ -214,7 +275,7 @@ def _zombies(report: Report, client: Fleet, faults: list[Fault]) -> None:
             report.zombies_through.append(f"{run_id} {step_id} epoch {epoch}: {outcome}")
 
 
-def _called_after_freeze(events: list[dict[str, Any]], faults: list[Fault]) -> Counter[str]:
+def called_after_freeze(events: list[dict[str, Any]], faults: list[Fault]) -> Counter[str]:
     """Per idempotency key, the provider calls of attempts a freeze caught after they
     had confirmed their lease: woken after the takeover, such a zombie calls with the
     key its successor uses too, which the key exists to absorb (effects are at least
@@ -243,7 +304,7 @@ def _effects(
     calls = provider_calls(str(provider))
     report.provider_calls = len(calls)
     per_key = Counter(c["key"] for c in calls)
-    excused = _called_after_freeze(events, faults)
+    excused = called_after_freeze(events, faults)
     report.zombie_calls = sum(excused.values())
     report.applied_twice = sorted(k for k, n in per_key.items() if n - excused[k] > 1)
     applied = {c["key"]: c["body"] for c in calls if c["applied"]}
@@ -254,12 +315,30 @@ def _effects(
             report.effect_mismatch.append(rid)
 
 
-def _executions(report: Report, events: list[dict[str, Any]], steps: dict[Any, Any]) -> None:
+def _executions(
+    report: Report, events: list[dict[str, Any]], steps: dict[Any, Any], designed: dict[str, int]
+) -> None:
     starts = Counter((e["run"], e["step"]) for e in events if e["event"] == "start")
     report.steps_executed = len(starts)
     for key, n in starts.items():
         name = steps[key].name if key in steps else ""
-        report.re_executed += max(0, n - DESIGNED_STARTS.get(name, 1))
+        report.re_executed += max(0, n - designed.get(name, 1))
+
+
+def _interrupted_starts(report: Report, events: list[dict[str, Any]]) -> None:
+    """Steps executed, and starts that follow an attempt of the same step that started
+    and never ended (killed, frozen and taken over, or cut off from the store)."""
+    by_step: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e["event"] in ("start", "end"):
+            by_step[(e["run"], e["step"])].append(e)
+    report.steps_executed = len(by_step)
+    for evs in by_step.values():
+        ended = {e["epoch"]: e["t"] for e in evs if e["event"] == "end"}
+        starts = sorted((e["t"], e["epoch"]) for e in evs if e["event"] == "start")
+        for (_, before), (t, _) in zip(starts, starts[1:], strict=False):
+            if ended.get(before, t) >= t:  # not ended before the next start began
+                report.re_executed += 1
 
 
 def _stale(

@@ -95,6 +95,8 @@ class PrivatePostgres:
 class PrivateRedis:
     """``redis-server`` on its own port, without persistence: a restart loses everything."""
 
+    FLUSHED = "every queued and unacked message lost"
+
     def __init__(self, port: int = 6399, logdir: Path | None = None) -> None:
         self.port = port
         self.url = f"redis://127.0.0.1:{port}/0"
@@ -134,3 +136,50 @@ class PrivateRedis:
         import redis
 
         redis.Redis("127.0.0.1", self.port).flushall()
+
+
+class EmbeddedStore:
+    """The embedded default's store for the chaos run: a SQLite file in the workdir.
+    Nothing to start; it cannot be restarted (no server), so the Postgres faults do not
+    apply to it."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.path = workdir / "fleet.db"
+        self.url = f"sqlite:///{self.path}"
+
+    def start(self) -> None:
+        pass
+
+    def restart(self) -> None:
+        raise ServiceError("the embedded store (SQLite) has no server to restart")
+
+    def drop(self) -> None:
+        pass
+
+
+class EmbeddedBroker:
+    """The embedded default's broker: Celery's filesystem transport in ``workdir/broker``.
+    ``flushall`` loses every queued message (the files of its queue folder), as a Redis
+    FLUSHALL does; there is no server to restart."""
+
+    FLUSHED = "every queued message lost (the queue folder emptied)"
+
+    def __init__(self, workdir: Path) -> None:
+        self.folder = workdir / "broker"
+        self.url = f"filesystem:///{self.folder}"
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def restart(self, down: float = 0.0) -> None:
+        raise ServiceError("the embedded broker (a folder) has no server to restart")
+
+    def flushall(self) -> None:
+        queue = self.folder / "queue"
+        if queue.is_dir():
+            for f in queue.iterdir():
+                with contextlib.suppress(OSError):
+                    f.unlink()

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.chaos.faults import FREEZE, KILL, Fault
 from tests.chaos.freeze import in_flight
-from tests.chaos.report import Report, _called_after_freeze
+from tests.chaos.report import Report, called_after_freeze
 
 
 def _event(event: str, t: float, epoch: int = 1, pid: int = 7) -> dict[str, Any]:
@@ -32,11 +32,11 @@ def test_only_a_call_confirmed_before_the_freeze_that_caught_it_is_a_zombies():
     checked_before = {**_event("call", 30.0), "checked_at": 9.9}
     checked_after = {**_event("call", 30.0), "checked_at": 29.9}  # its check let it through
     other_epoch = {**_event("call", 30.0, epoch=2), "checked_at": 9.9}
-    assert _called_after_freeze([checked_before], [freeze]) == {"r:charge#1": 1}
-    assert _called_after_freeze([checked_after], [freeze]) == {}
-    assert _called_after_freeze([other_epoch], [freeze]) == {}
+    assert called_after_freeze([checked_before], [freeze]) == {"r:charge#1": 1}
+    assert called_after_freeze([checked_after], [freeze]) == {}
+    assert called_after_freeze([other_epoch], [freeze]) == {}
     killed = Fault(KILL, at=10.0, pid=7, caught=[("r", "charge#1", 1)])
-    assert _called_after_freeze([checked_before], [killed]) == {}
+    assert called_after_freeze([checked_before], [killed]) == {}
 
 
 def test_a_frozen_attempts_write_after_its_takeover_fails_the_run():

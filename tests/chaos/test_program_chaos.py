@@ -1,0 +1,186 @@
+"""The program workload's rules on hand-made records (no services): which dead steps
+died of faults, how a rerun's program and effects are told from the first one's, the
+limit overlaps excused after a flush, re-executions and the recovery quantiles, the
+driver forgetting a root id, the embedded default's faults, and the proxy's cut."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.chaos import programs as P
+from tests.chaos.driver import Driver
+from tests.chaos.faults import FLUSHALL, KILL, PG_RESTART, Fault
+from tests.chaos.harness import EMBEDDED_KINDS, ChaosConfig
+from tests.chaos.program_chaos import (
+    RESTORE_GAP,
+    _mine,
+    _overlap,
+    died_of_faults,
+    history,
+    rerun_program,
+)
+from tests.chaos.proxy import Proxy
+from tests.chaos.report import Report, _interrupted_starts, _quantile
+from tests.chaos.services import EmbeddedBroker
+
+
+def _try(outcome: str, error: str | None = None, epoch: int = 1) -> dict[str, Any]:
+    return {"epoch": epoch, "attempt": epoch, "outcome": outcome, "worker": "w", "error": error}
+
+
+def _cap(run: str, *steps: tuple[str, str, list[dict[str, Any]]]) -> dict[str, Any]:
+    return {
+        "run": run,
+        "status": "failed",
+        "result": None,
+        "error": "StepFailed: x",
+        "steps": [
+            {"id": sid, "kind": "task", "status": status, "tries": tries}
+            for sid, status, tries in steps
+        ],
+    }
+
+
+def test_a_dead_step_died_of_faults_only_if_an_attempt_was_not_its_programs_own_failure():
+    own = [_try("failed", "ValueError: boom o3", 1), _try("failed", "ValueError: boom o3", 2)]
+    lost = [_try("lost", None, 1), _try("failed", "RuntimeError: flaky o4", 2)]
+    cut = [_try("failed", "StoreUnavailable: store unavailable", 1)]
+    fenced = [_try("fenced", None, 1), _try("failed", "NonRetryable: refused o6", 2)]
+    done_after_loss = [_try("lost", None, 1), _try("done", None, 2)]
+    caps = [
+        _cap(
+            "r",
+            ("o3", "dead", own),
+            ("o4", "dead", lost),
+            ("o5", "dead", cut),
+            ("o6", "dead", fenced),
+            ("o7", "done", done_after_loss),
+        ),
+        _cap("r/o8", ("o9", "dead", [])),  # a child step: no attempts of its own
+    ]
+    assert died_of_faults(caps) == {("r", "o4"), ("r", "o5"), ("r", "o6")}
+    text = history(caps)
+    assert "run r failed: StepFailed: x" in text and "o4 task dead [1:lost@w 2:failed@w]" in text
+
+
+def test_a_rerun_is_another_program_whose_ids_and_effect_keys_are_its_own():
+    first = P.generate(5, 8)
+    again = rerun_program(5, 8)
+    assert again == rerun_program(5, 8)  # reproducible
+    assert all(op["id"].startswith("ro") for op in P.walk(again))
+    assert {op["id"] for op in P.walk(again)}.isdisjoint(op["id"] for op in P.walk(first))
+    applied = {"cp-5-8:o3": 1, "cp-5-8/o4:o6#1": 1, "cp-5-8:ro3": 1, "cp-5-8/ro4:ro6": 1}
+    assert _mine(applied, rerun=False) == {"cp-5-8:o3": 1, "cp-5-8/o4:o6#1": 1}
+    assert _mine(applied, rerun=True) == {"cp-5-8:ro3": 1, "cp-5-8/ro4:ro6": 1}
+
+
+def _limit_lines(*spans: tuple[str, float, float]) -> list[dict[str, Any]]:
+    out = []
+    for step, t_in, t_out in spans:
+        base = {"limit": P.CONC_LIMIT, "run": "r", "step": step, "epoch": 1, "pid": 1}
+        out += [{**base, "event": "enter", "t": t_in}, {**base, "event": "exit", "t": t_out}]
+    return out
+
+
+def test_an_overlap_is_a_failure_unless_it_began_in_the_restore_gap_after_a_flush(tmp_path):
+    path = tmp_path / "limits.jsonl"
+    # Three bodies inside a limit of two: at t=11 (after a flush that ended at 10) and
+    # at t=50 (long after it).
+    spans = [("a", 10.5, 12), ("b", 10.6, 12), ("c", 11, 12)]
+    spans += [("d", 49, 51), ("e", 49.5, 51), ("f", 50, 51)]
+    path.write_text("".join(json.dumps(e) + "\n" for e in _limit_lines(*spans)))
+    flush = Fault(FLUSHALL, 9.0, 10.0)
+    found = _overlap(path, [flush], 100.0)
+    assert len(found) == 1 and "t=50.000" in found[0]
+    assert 10.0 + RESTORE_GAP >= 11  # the first overlap is inside the gap
+    assert len(_overlap(path, [], 100.0)) == 2
+
+
+def test_a_start_after_an_attempt_that_never_ended_is_a_re_execution():
+    report = Report(1, 1, [])
+    ev = [
+        {"run": "r", "step": "s", "epoch": 1, "t": 1.0, "event": "start"},
+        {"run": "r", "step": "s", "epoch": 2, "t": 5.0, "event": "start"},  # 1 never ended
+        {"run": "r", "step": "s", "epoch": 2, "t": 6.0, "event": "end"},
+        {"run": "r", "step": "s", "epoch": 3, "t": 7.0, "event": "start"},  # a retry
+        {"run": "r", "step": "u", "epoch": 1, "t": 1.0, "event": "start"},
+        {"run": "r", "step": "u", "epoch": 2, "t": 2.0, "event": "start"},  # taken over…
+        {"run": "r", "step": "u", "epoch": 1, "t": 3.0, "event": "end"},  # …the zombie ends
+    ]
+    _interrupted_starts(report, ev)
+    assert (report.steps_executed, report.re_executed) == (2, 2)
+
+
+def test_recovery_quantiles_are_nearest_rank():
+    values = [float(i) for i in range(1, 101)]
+    assert (_quantile(values, 0.5), _quantile(values, 0.99)) == (50.0, 99.0)
+    assert _quantile([3.0], 0.99) == 3.0 and _quantile([], 0.5) is None
+
+
+def test_the_driver_forgets_a_root_id_that_is_enqueued_again(tmp_path):
+    driver = Driver(client=None)  # type: ignore[arg-type]
+    driver._status.update({"r": "succeeded", "r/o2": "failed", "rx": "succeeded"})
+    driver.forget("r")
+    assert driver._status == {"rx": "succeeded"}
+
+
+def test_the_embedded_default_takes_only_its_own_faults(tmp_path):
+    assert ChaosConfig(seed=1, embedded=True).fault_kinds() == list(EMBEDDED_KINDS)
+    assert ChaosConfig(seed=1, embedded=True, kinds=[KILL]).fault_kinds() == [KILL]
+    assert ChaosConfig(seed=1).fault_kinds() is None
+    with pytest.raises(ValueError, match="postgres-restart"):
+        ChaosConfig(seed=1, embedded=True, kinds=[KILL, PG_RESTART]).fault_kinds()
+    broker = EmbeddedBroker(tmp_path)
+    (broker.folder / "queue").mkdir(parents=True)
+    for i in range(3):
+        (broker.folder / "queue" / f"{i}.msg").write_text("{}")
+    broker.flushall()
+    assert list((broker.folder / "queue").iterdir()) == []
+    assert "--embedded" in ChaosConfig(seed=1, embedded=True, programs=5).command()
+
+
+def test_the_proxy_forwards_and_a_cut_resets_every_connection_through_it():
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def echo() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=_echo_one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=echo, daemon=True).start()
+    proxy = Proxy(port).start()
+    try:
+        a = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        a.sendall(b"ping")
+        assert a.recv(4) == b"ping"
+        deadline = time.monotonic() + 5
+        while proxy.live() != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proxy.cut() == 1
+        with pytest.raises(OSError):  # reset: the next read or write fails
+            a.sendall(b"again")
+            if not a.recv(5):
+                raise ConnectionResetError("closed")
+        b = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        b.sendall(b"pong")
+        assert b.recv(4) == b"pong"  # accepted again at once
+        assert (proxy.accepted, proxy.cuts) == (2, 1)
+    finally:
+        proxy.close()
+        server.close()
+
+
+def _echo_one(conn: socket.socket) -> None:
+    with conn:
+        while data := conn.recv(1024):
+            conn.sendall(data)
