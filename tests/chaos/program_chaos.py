@@ -123,6 +123,36 @@ def history(caps: Iterable[Mapping[str, Any]], width: int = 4000) -> str:
     return text if len(text) <= width else text[:width] + "\n      ..."
 
 
+def _as_stored(client: Fleet, root: str) -> str:
+    """A tree that has not ended, as the store has it: each run's row (status, wake-ups
+    asked and answered, re-send time and count), each step's, each fan-out's count."""
+    lines = []
+    with client.runtime.db.engine.connect() as conn:
+        for rid in tree_ids(client, root):
+            run = conn.execute(
+                text(
+                    "SELECT status, wake_seq, advanced_seq, redispatch_at, dispatches, "
+                    "updated_at FROM fleet_runs WHERE id = :r"
+                ),
+                {"r": rid},
+            ).first()
+            lines.append(f"    run {rid}: {tuple(run) if run else None}")
+            for row in conn.execute(
+                text(
+                    "SELECT step_id, kind, status, attempts, epoch, fanout, redispatch_at, "
+                    "dispatches, finished_at FROM fleet_steps WHERE run_id = :r ORDER BY seq"
+                ),
+                {"r": rid},
+            ):
+                lines.append(f"      {tuple(row)}")
+            for row in conn.execute(
+                text("SELECT fanout, size, settled FROM fleet_fanouts WHERE run_id = :r"),
+                {"r": rid},
+            ):
+                lines.append(f"      fan-out {tuple(row)}")
+    return "\n".join(lines)
+
+
 def observed(cap: Mapping[str, Any]) -> Observed:
     """A captured run as the model's comparison reads it."""
     return Observed(cap["status"], cap["result"], cap["error"], cap["raw"], cap["window"])
@@ -302,8 +332,7 @@ class ProgramWorkload:
             prog, root = entry.prog, entry.root
             caps = entry.captured or capture_tree(client, root)
             if caps is None:
-                live = [str(r) for r in tree_ids(client, root)]
-                report.lost.append(f"{root} (live or missing: {live[:4]})")
+                report.lost.append(f"{root}: not ended\n{_as_stored(client, root)}")
                 continue
             captures += caps
             died = died_of_faults(caps)

@@ -58,7 +58,7 @@ class Report:
     def failures(self) -> list[str]:
         out = []
         if self.lost:
-            out.append(f"{len(self.lost)} run(s) lost: {self.lost[:5]}")
+            out.append(f"{len(self.lost)} run(s) lost:\n" + "\n".join(self.lost[:5]))
         if self.differing:
             out.append(
                 f"{len(self.differing)} run(s) differ from the fault-free run: {self.differing[:5]}"

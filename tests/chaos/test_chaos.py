@@ -55,7 +55,8 @@ def _check(report, cfg: ChaosConfig, tmp_path, kinds: set[str]) -> None:
     print(report.render())
     reproduce = f"reproduce with: {cfg.command()} (logs in {tmp_path})"
     assert report.ok, "; ".join(report.failures) + "\n" + reproduce
-    assert report.extra["programs"] == PROGRAMS and not report.lost
+    assert report.extra["programs"] - report.extra["reruns"] == PROGRAMS and not report.lost
+    assert report.extra["reruns"] > 0, "no root id was enqueued again after its prune"
     struck = {f.kind for f in report.faults}
     assert struck == kinds, f"only {sorted(struck)} struck before the runs ended; {reproduce}"
     # Every freeze waits for its steps to be taken over, so its zombies must meet the

@@ -184,3 +184,19 @@ def _echo_one(conn: socket.socket) -> None:
     with conn:
         while data := conn.recv(1024):
             conn.sendall(data)
+
+
+def test_a_tree_that_has_not_ended_is_printed_as_the_store_has_it(tmp_path):
+    from fleet import Settings
+    from tests.chaos import program_flows
+    from tests.chaos.program_chaos import _as_stored
+
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path}/f.db", broker_url=f"filesystem:///{tmp_path}/b"
+    )
+    client = program_flows.fleet.with_settings(settings)
+    client.upgrade_schema()
+    client.enqueue(P.WORKFLOW, P.generate(3, 1), run_id="cp-3-1")
+    text = _as_stored(client, "cp-3-1")
+    assert text.startswith("    run cp-3-1: ('queued', 1, 0,"), text
+    client.runtime.db.dispose()
