@@ -54,6 +54,21 @@ def in_flight(log: Path) -> dict[int, list[Body]]:
     return {pid: list(bodies) for pid, bodies in open_.items() if bodies}
 
 
+def inside_limits(path: Path) -> set[int]:
+    """The pids with a step body inside a limit now (entered, not left), from the limit
+    log the program workload's limited steps write (none if there is none)."""
+    inside: dict[tuple[str, str, int, int], int] = defaultdict(int)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue  # its writer killed mid-line
+            key = (e["run"], e["step"], e["epoch"], e["pid"])
+            inside[key] += 1 if e["event"] == "enter" else -1
+    return {key[3] for key, n in inside.items() if n > 0}
+
+
 def _stopped(pid: int) -> bool:
     """Every thread of ``pid`` is stopped, or gone (the process or the thread)."""
     try:
@@ -132,8 +147,12 @@ class Freezer:
                 for i, p in enumerate(self.crew.slots)
                 if i not in self.crew.frozen and open_.get(p.pid)
             ]
+            # A worker holding a limit's slot first: its zombie's late release must not
+            # free the slot its successor holds (the limiter's token).
+            limited = inside_limits(self.log.parent / "limits.jsonl")
+            holding = [i for i in busy if self.crew.slots[i].pid in limited]
             if busy:
-                slot = self.rng.choice(busy)
+                slot = self.rng.choice(holding or busy)
                 pid = self.crew.freeze(slot)
                 settle = time.monotonic() + 2.0
                 while not _stopped(pid) and time.monotonic() < settle:

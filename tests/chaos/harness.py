@@ -11,6 +11,8 @@ import contextlib
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -177,6 +179,44 @@ class MixedWorkload:
 Workload = MixedWorkload | ProgramWorkload
 
 
+class Pruner:
+    """``tests.chaos.pruner`` in a process started with the workers' environment: the
+    harness's retention, run by the engine the workers run. ``prune(seconds)`` →
+    runs deleted; raises if the pruner answered an error (the store unreachable)."""
+
+    def __init__(self, app: str, env: dict[str, str], workdir: Path) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.pruner", app],
+            env=env,
+            cwd=workdir,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._proc.stdout is not None
+        ready = self._proc.stdout.readline().strip()
+        if ready != "ready":
+            raise RuntimeError(f"the pruner did not start: {ready!r}")
+
+    def prune(self, seconds: int) -> int:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(f"{max(1, seconds)}\n")
+        self._proc.stdin.flush()
+        answer = self._proc.stdout.readline().strip()
+        if not answer.isdigit():
+            raise RuntimeError(f"the pruner: {answer or 'no answer'}")
+        return int(answer)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._proc.kill()
+            self._proc.wait(10)
+
+
 def _wait_for_runs(
     probe: StoreProbe, injector: Injector, settle: float, workload: Workload
 ) -> None:
@@ -249,6 +289,7 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
 
     crew: Crew | None = None
     sweeper: FleetProcess | None = None
+    pruner: Pruner | None = None
     pg.start()
     try:
         redis.start()
@@ -261,7 +302,12 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
         crew.wait_ready()
         if not sweeper.wait_for_output(SWEEPER_READY, 30):
             raise RuntimeError(f"sweeper did not start:\n{sweeper.output()[-3000:]}")
-        mutants.prove_planted(cfg.mutant, workdir, [*crew.pids(), sweeper.pid])
+        if isinstance(workload, ProgramWorkload):
+            pruner = Pruner(workload.app, env, workdir)
+            workload.prune = pruner.prune
+        mutants.prove_planted(
+            cfg.mutant, workdir, [*crew.pids(), sweeper.pid, *([pruner.pid] if pruner else [])]
+        )
         workload.enqueue(client)
         t0 = time.monotonic()
         say(f"  enqueued on {cfg.workers} workers × {cfg.concurrency} threads")
@@ -294,6 +340,8 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
         if sweeper is not None:
             sweeper.signal(9)
             sweeper.stop()
+        if pruner is not None:
+            pruner.stop()
         for proxy in proxies.values():
             proxy.close()
         redis.stop()

@@ -22,7 +22,8 @@ copy names itself, ``fleet._mutant``, in the log of every process that imports i
 Each mutant names the tests that kill it (``killed_by``: they fail on it and pass on
 fleet); ``python -m tests.chaos --list-mutants`` prints them. What the chaos run with
 the "mixed" workload (before the generated programs) catches, at ``--runs 100
---faults 25 --seed 1``, is in ``CAUGHT_BY_MIXED``.
+--faults 25 --seed 1``, is in ``CAUGHT_BY_MIXED``; what the run over generated
+programs catches, in ``CAUGHT_BY_PROGRAMS``.
 
 Imports nothing of fleet (it runs before fleet is first imported, in ``tests/conftest.py``).
 """
@@ -301,6 +302,26 @@ CAUGHT_BY_MIXED = {
     "prune-live-parent": "not caught (66 s): nothing prunes during the run",
 }
 
+# What the chaos run over generated programs (``--programs``, tests/chaos/program_chaos.py)
+# caught on 2026-12-07, on this 2-core machine (the run's own seconds), at
+# ``--programs 100 --faults 25`` (seeds 16, 18) and ``--programs 200 --faults 40``
+# (seed 19); ``make chaos`` runs 1,000 programs. A catch depends on a fault meeting
+# the bug's moment, so a seed may miss what another catches.
+CAUGHT_BY_PROGRAMS = {
+    "fence": "caught in 75 s (seed 18): a frozen attempt's write got through the fence",
+    "fit": "caught in 76 s (seed 16) and 140 s (seed 19; not by seed 18): a rerun under "
+    "a pruned root id resumed its predecessor's parked workflow (wrong result)",
+    "early-raise": "caught in 75 s and 76 s (seeds 16, 18): a run ended with a branch "
+    "left going (settled check) and a replay that disagrees",
+    "double-release": "not caught (74 s, seed 18; 144 s, seed 19): no freeze met a "
+    "limit's slot holder at the moment its successor held the slot",
+    "epoch-key": "caught in 67 s (seed 18): effects applied under keys no run expects",
+    "orphan-wake": "caught by a run of 588 s (seed 19; 480 s of it the settle waits for "
+    "runs still live): 20 parents never woken after their children ended; not by seed 18",
+    "prune-live-parent": "caught in 117 s (seed 19): children pruned under live parents "
+    "(runs missing from their trees)",
+}
+
 
 # --- applying one -----------------------------------------------------------------------
 
@@ -471,4 +492,5 @@ def table() -> str:
         for test in m.killed_by:
             lines.append(f"{'':18} killed by {test}")
         lines.append(f"{'':18} chaos (mixed): {CAUGHT_BY_MIXED.get(m.name, 'not run')}")
+        lines.append(f"{'':18} chaos (programs): {CAUGHT_BY_PROGRAMS.get(m.name, 'not run')}")
     return "\n".join(lines)

@@ -4,8 +4,9 @@ ended, every tree compared with the model (model.py) and checked from the store
 (checks.py). ``python -m tests.chaos --programs N`` runs it; harness.py owns the fleet
 and the faults, this module what runs on it and what is checked.
 
-Retention runs throughout (``prune``): every few seconds the harness prunes what
-finished before its last look, so a tree is read whole (``checks.capture`` of each of
+Retention runs throughout: every few seconds the harness runs ``fleet prune`` for what
+finished before its last look (and the sweeper's own retention prunes what finished a
+minute ago), so a tree is read whole (``checks.capture`` of each of
 its runs, with its transcript) as soon as it has ended, before it can be pruned; a
 run pruned while its tree was live (a retention bug) is then missing from it.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -53,6 +55,7 @@ APP = "tests.chaos.program_flows"
 RESTORE_GAP = 3.0
 RERUN_EVERY = 2  # every other program's root id is enqueued again once pruned
 RERUN_BASE = 1_000_000  # a rerun's program is this index past the first one's
+SWEEPER_RETENTION = 60  # seconds: what the sweeper's own retention keeps
 LOOK_EVERY = 1.0  # seconds between two looks for ended trees (and room in the window)
 
 
@@ -204,6 +207,9 @@ class ProgramWorkload:
     driver: Driver | None = None
     window: int = 0  # programs live at once, a new one enqueued as one ends (0: all)
     prune_every: float = 3.0  # seconds between two prunes (0: never, and no reruns)
+    # Deletes the runs finished that many seconds ago or earlier; how many. The harness
+    # runs ``fleet prune`` as the workers' engine (a planted bug's, if any).
+    prune: Callable[[int], int] = field(default=lambda seconds: 0)
     app: str = APP
     fleet: Fleet = program_flows.fleet
     pruned: Counter[str] = field(default_factory=Counter)
@@ -230,7 +236,12 @@ class ProgramWorkload:
         )
 
     def env(self, workdir: Path) -> dict[str, str]:
-        return {"FLEET_CHAOS_LIMIT_LOG": str(workdir / "limits.jsonl")}
+        # The sweeper's retention too, behind the harness's prunes: a tree is captured
+        # within seconds of its end, long before this.
+        return {
+            "FLEET_CHAOS_LIMIT_LOG": str(workdir / "limits.jsonl"),
+            "FLEET_RETENTION": f"{SWEEPER_RETENTION}s",
+        }
 
     def enqueue(self, client: Fleet) -> None:
         self._client = client
@@ -277,12 +288,12 @@ class ProgramWorkload:
         # Only what finished before this look began: every tree that had ended by then
         # has been captured.
         try:
-            got = self._client.prune(max(0.5, time.time() - looked))
+            pruned = self.prune(math.ceil(time.time() - looked))
             self._reruns(self._client, looked)
         except Exception:
             self.pruned["prune_errors"] += 1
         else:
-            self.pruned["runs"] += got.runs
+            self.pruned["runs"] += pruned
             self.pruned["prunes"] += 1
 
     def _capture(self, client: Fleet) -> None:

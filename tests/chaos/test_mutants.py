@@ -32,6 +32,7 @@ def test_the_seven_planted_bugs_of_issue_46_are_registered() -> None:
         "prune-live-parent",
     ]
     assert list(mutants.CAUGHT_BY_MIXED) == NAMES
+    assert list(mutants.CAUGHT_BY_PROGRAMS) == NAMES
     for m in mutants.MUTANTS.values():
         assert m.doc and m.edits and m.killed_by and m.expect, m.name
         assert all(e.old != e.new for e in m.edits), m.name

@@ -200,3 +200,15 @@ def test_a_tree_that_has_not_ended_is_printed_as_the_store_has_it(tmp_path):
     text = _as_stored(client, "cp-3-1")
     assert text.startswith("    run cp-3-1: ('queued', 1, 0,"), text
     client.runtime.db.dispose()
+
+
+def test_a_worker_inside_a_limit_is_told_from_the_limit_log(tmp_path):
+    from tests.chaos.freeze import inside_limits
+
+    path = tmp_path / "limits.jsonl"
+    lines = _limit_lines(("a", 1.0, 2.0))  # pid 1 entered and left
+    held = {"limit": P.CONC_LIMIT, "run": "r", "step": "b", "epoch": 1, "pid": 9, "t": 3.0}
+    lines.append({**held, "event": "enter"})
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"cut sh')
+    assert inside_limits(path) == {9}
+    assert inside_limits(tmp_path / "none.jsonl") == set()
