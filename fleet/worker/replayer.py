@@ -112,6 +112,10 @@ class ReplayContext(WorkflowContext):
         self.parked = (start, tuple(ids))
         raise Suspend
 
+    def _hand_over_kept(self) -> bool:
+        """A wait stays as recorded: handing it a kept signal is a write."""
+        return False
+
     @property
     def met(self) -> int:
         """How many recorded steps the replay met."""

@@ -333,20 +333,24 @@ class WorkflowContext(Children, Fanouts):
             payload = codec.encode({**spec, "timeout": delay}, what=step_id, limit=1024)
             self._record([NewStep(step_id, -1, name, StepKind.WAIT, payload, 1, delay=delay)])
             # A signal that came before this wait is waiting for it already.
-            if "signal" in spec and self._rt.ledger.deliver_signals(self.run_id):
+            if "signal" in spec and self._hand_over_kept():
                 rec = self._rt.queries.step(self.run_id, step_id)
         elif (
             rec.status is not _DONE
             and "signal" in spec
             # Recorded by an advance that died before handing it a signal kept for it
             # (where each store call commits on its own): nothing else ever would.
-            and self._rt.ledger.deliver_signals(self.run_id)
+            and self._hand_over_kept()
         ):
             rec = self._rt.queries.step(self.run_id, step_id)
         while rec is None or rec.status is not _DONE:
             self.waiting = True
             (rec,) = self._park(pos, (step_id,))
         return self._rt.payloads.output(rec)
+
+    def _hand_over_kept(self) -> bool:
+        """Hand the run's pending waits the signals kept for them; whether any was."""
+        return bool(self._rt.ledger.deliver_signals(self.run_id))
 
     def _value(self, name: str, make: Callable[[], Any]) -> Any:
         step_id = self._positional(name)
