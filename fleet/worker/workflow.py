@@ -332,16 +332,11 @@ class WorkflowContext(Children, Fanouts):
         if rec is None:
             payload = codec.encode({**spec, "timeout": delay}, what=step_id, limit=1024)
             self._record([NewStep(step_id, -1, name, StepKind.WAIT, payload, 1, delay=delay)])
-            # A signal that came before this wait is waiting for it already.
-            if "signal" in spec and self._hand_over_kept():
-                rec = self._rt.queries.step(self.run_id, step_id)
-        elif (
-            rec.status is not _DONE
-            and "signal" in spec
-            # Recorded by an advance that died before handing it a signal kept for it
-            # (where each store call commits on its own): nothing else ever would.
-            and self._hand_over_kept()
-        ):
+        # A signal that came before this wait is waiting for it already: handed over
+        # here when the wait is recorded, and again by a replay that finds it pending
+        # (its advance may have died between the two, where each store call commits
+        # on its own; nothing else would ever hand it over).
+        if "signal" in spec and (rec is None or rec.status is not _DONE) and self._hand_over_kept():
             rec = self._rt.queries.step(self.run_id, step_id)
         while rec is None or rec.status is not _DONE:
             self.waiting = True

@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.chaos.checks import read_lines
 from tests.chaos.crew import Crew
 from tests.chaos.faults import FREEZE, Body, Fault
 from tests.chaos.probe import UNREPORTED, StoreProbe
@@ -58,14 +59,9 @@ def inside_limits(path: Path) -> set[int]:
     """The pids with a step body inside a limit now (entered, not left), from the limit
     log the program workload's limited steps write (none if there is none)."""
     inside: dict[tuple[str, str, int, int], int] = defaultdict(int)
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue  # its writer killed mid-line
-            key = (e["run"], e["step"], e["epoch"], e["pid"])
-            inside[key] += 1 if e["event"] == "enter" else -1
+    for e in read_lines(path):
+        key = (e["run"], e["step"], e["epoch"], e["pid"])
+        inside[key] += 1 if e["event"] == "enter" else -1
     return {key[3] for key, n in inside.items() if n > 0}
 
 

@@ -4,8 +4,9 @@ ended, every tree compared with the model (model.py) and checked from the store
 (checks.py). ``python -m tests.chaos --programs N`` runs it; harness.py owns the fleet
 and the faults, this module what runs on it and what is checked.
 
-Retention runs throughout: every few seconds the harness runs ``fleet prune`` for what
-finished before its last look (and the sweeper's own retention prunes what finished a
+Retention runs throughout: every few seconds the harness prunes (``Fleet.prune`` in a
+pruner process with the workers' engine, tests/chaos/pruner.py) what finished before
+its last look (and the sweeper's own retention prunes what finished a
 minute ago), so a tree is read whole (``checks.capture`` of each of
 its runs, with its transcript) as soon as it has ended, before it can be pruned; a
 run pruned while its tree was live (a retention bug) is then missing from it.
@@ -36,6 +37,7 @@ from fleet import Fleet
 from tests.chaos import program_flows
 from tests.chaos import programs as P
 from tests.chaos.checks import (
+    LIVE,
     capture,
     check_overlap,
     check_replays,
@@ -65,17 +67,7 @@ def root_id(seed: int, index: int) -> str:
 
 def _program_error(error: str | None, step_id: str) -> bool:
     """Whether an attempt's error is one a program's own fail modes raise for the step."""
-    if not error:
-        return False
-    return any(
-        marker in error
-        for marker in (
-            f"boom {step_id}",
-            f"refused {step_id}",
-            f"again {step_id}",
-            f"flaky {step_id}",
-        )
-    )
+    return bool(error) and any(text in error for text in P.fail_texts(step_id).values())
 
 
 def died_of_faults(captures: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
@@ -208,7 +200,7 @@ class ProgramWorkload:
     window: int = 0  # programs live at once, a new one enqueued as one ends (0: all)
     prune_every: float = 3.0  # seconds between two prunes (0: never, and no reruns)
     # Deletes the runs finished that many seconds ago or earlier; how many. The harness
-    # runs ``fleet prune`` as the workers' engine (a planted bug's, if any).
+    # sets it to its pruner process's, which runs the workers' engine (a planted bug's).
     prune: Callable[[int], int] = field(default=lambda seconds: 0)
     app: str = APP
     fleet: Fleet = program_flows.fleet
@@ -367,7 +359,8 @@ class ProgramWorkload:
         report.checks["settled"] = check_settled(captures)
         report.checks["replay"] = check_replays(captures)
         report.checks["limit overlap"] = _overlap(log.parent / "limits.jsonl", faults, stopped_at)
-        excused = called_after_freeze(read_lines(log), faults)
+        events = read_lines(log)
+        excused = called_after_freeze(events, faults)
         per_key = Counter(c["key"] for c in calls)
         report.provider_calls = len(calls)
         report.zombie_calls = sum(excused.values())
@@ -400,25 +393,17 @@ class ProgramWorkload:
             for step in c["steps"]
             for t in step["tries"]
         }
-        common_figures(report, client, faults, log, steps, stopped_at, known=known)
+        common_figures(report, client, faults, events, steps, stopped_at, known=known)
         return report
 
 
-LIVE = frozenset({"queued", "running", "waiting", "needs_decision"})
-
-
 def _overlap(path: Path, faults: list[Fault], stopped_at: float) -> list[str]:
-    """The concurrency limit's overlaps at the provider, but those inside the restore gap
-    after a Redis flush or restart (listed as excused, not failed)."""
+    """The concurrency limit's overlaps at the provider, but those that began inside the
+    restore gap after a Redis flush or restart."""
     stopped: dict[int, list[float]] = defaultdict(list)
     for f in faults:
         if f.kind in (KILL, FREEZE) and f.pid is not None:
             stopped[f.pid].append(f.at)
-    found = check_overlap(read_lines(path), {P.CONC_LIMIT: P.CONCURRENCY}, stopped, stopped_at)
     gaps = [(f.at, f.until + RESTORE_GAP) for f in faults if f.kind in (FLUSHALL, REDIS_RESTART)]
-    out = []
-    for failure in found:
-        at = float(failure.split(" at t=", 1)[1].split(":", 1)[0])
-        if not any(lo <= at <= hi for lo, hi in gaps):
-            out.append(failure)
-    return out
+    capacities = {P.CONC_LIMIT: P.CONCURRENCY}
+    return check_overlap(read_lines(path), capacities, stopped, stopped_at, excused=gaps)

@@ -124,18 +124,29 @@ def stuck_name(op_id: str) -> str:
 # --- what each step computes: the workers' step bodies and the model call these ---------
 
 
+def fail_texts(step_id: str) -> dict[str, str]:
+    """What a step failing by each kind of fail mode says (``fail_by``'s messages)."""
+    return {
+        "raise": f"boom {step_id}",
+        "nonretry": f"refused {step_id}",
+        "retry": f"again {step_id}",
+        "flaky": f"flaky {step_id}",
+    }
+
+
 def fail_by(mode: str, step_id: str, attempt: int) -> None:
     """Raise as a step failing by ``mode`` does on attempt ``attempt`` (1-based)."""
     if mode == "ok":
         return
+    says = fail_texts(step_id)
     if mode == "raise":
-        raise ValueError(f"boom {step_id}")
+        raise ValueError(says["raise"])
     if mode == "nonretry":
-        raise NonRetryable(f"refused {step_id}")
+        raise NonRetryable(says["nonretry"])
     if mode == "retryx" or (mode == "retry2" and attempt < 2):
-        raise Retry(delay=RETRY_DELAY, reason=f"again {step_id}")
+        raise Retry(delay=RETRY_DELAY, reason=says["retry"])
     if mode == "flaky2" and attempt < 2:
-        raise RuntimeError(f"flaky {step_id}")
+        raise RuntimeError(says["flaky"])
     if mode not in ("retry2", "flaky2"):
         raise AssertionError(f"unknown fail mode {mode!r}")
 

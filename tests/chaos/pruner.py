@@ -10,22 +10,14 @@ process start, which costs a second of CPU each time; this costs one start.
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-from fleet import Fleet
-
-
-def _app(module: str) -> Fleet:
-    name, _, attr = module.partition(":")
-    found = getattr(importlib.import_module(name), attr or "fleet")
-    if not isinstance(found, Fleet):
-        raise SystemExit(f"{module} is not a Fleet")
-    return found  # its settings from the environment (FLEET_DATABASE_URL…), as a worker's
+from fleet.ops.loader import load_fleet
 
 
 def main(argv: list[str]) -> int:
-    fleet = _app(argv[0])
+    # As ``-A`` finds it; its settings from the environment, as a worker's.
+    fleet = load_fleet(argv[0])
     print("ready", flush=True)
     for line in sys.stdin:
         try:

@@ -218,7 +218,7 @@ def analyse(
 
     events = _events(log)
     _effects(report, outputs, steps, provider, events, faults)
-    common_figures(report, client, faults, log, steps, stopped_at, DESIGNED_STARTS)
+    common_figures(report, client, faults, events, steps, stopped_at, DESIGNED_STARTS)
     return report
 
 
@@ -226,15 +226,16 @@ def common_figures(
     report: Report,
     client: Fleet,
     faults: list[Fault],
-    log: Path,
+    events: list[dict[str, Any]],
     steps: dict[Any, Any],
     stopped_at: float,
     designed: dict[str, int] | None = None,
     known: Mapping[Body, str] | None = None,
 ) -> None:
     """What any workload's report says of its faults: the store's fenced writes and
-    takeovers, the frozen zombies' outcomes, re-executions, late finishes and the time
-    from a kill to the interrupted step running again. ``designed``: each step name's
+    takeovers, the frozen zombies' outcomes, and from the step log's ``events``
+    re-executions, late finishes and the time from a kill to the interrupted step
+    running again. ``designed``: each step name's
     starts by design (re-executions are the starts past them); None: a re-execution is
     a start after an attempt of the same step that never ended. ``known``: attempts'
     outcomes as captured before retention deleted them."""
@@ -243,7 +244,6 @@ def common_figures(
     report.fenced_writes = incidents.get("fenced_write", 0)
     report.takeovers = incidents.get("takeover", 0)
     _zombies(report, client, faults, known)
-    events = _events(log)
     if designed is None:
         _interrupted_starts(report, events)
     else:
