@@ -3,8 +3,11 @@ Python API only: sends the signals their waits expect (before the wait is reache
 after it, or after it with the wait's id from ``RunHandle.waits()``), raises the budget
 of a run parked on it (``needs_decision``), and cancels a run stuck mid-fan-out on a
 wait nobody answers, once the rest of that fan-out has settled (the model's plan,
-tests/chaos/model.py). And ``observe``: a program's runs as the store has them, for
-``model.differences``.
+tests/chaos/model.py). With ``hands`` (tests/chaos/console_hands.py), a share of
+those actions (drawn per action from the seed) goes through the console's forms over
+HTTP instead, as an operator's would: a signal after its wait as an approval or a
+rejection of the wait's id, the cancel, the budget raise. And ``observe``: a program's
+runs as the store has them, for ``model.differences``.
 
 ``Driver.tick()`` does what is due and returns at once; the harness calls it in its
 loop with its own deadline. Every call may meet a store that is briefly unreachable
@@ -15,6 +18,7 @@ ended without starting it) or has ended is dropped.
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -26,10 +30,12 @@ from sqlalchemy import select
 from fleet import Fleet
 from fleet.errors import BadInput, RunFailed, UnknownRun, WaitNotOpen
 from fleet.store.schema import runs as runs_table
+from tests.chaos.console_hands import Conflict, ConsoleHands, Unreachable
 from tests.chaos.model import Expected, Observed, Signal
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 POLL = 0.2  # seconds between two looks at the same run for the same action
+CONSOLE_SHARE = 0.5  # of the actions, with hands: the share done through the console
 
 
 def _parent(run_id: str) -> str | None:
@@ -43,6 +49,7 @@ class _Action:
     signal: Signal | None = None
     due: float = 0.0
     detail: Any = None
+    console: bool = False  # done through the console's forms (else the Python API)
 
 
 @dataclass
@@ -54,9 +61,17 @@ class _Watch:
 class Driver:
     """Acts on the runs of the programs it watches; ``tick()`` from the harness's loop."""
 
-    def __init__(self, client: Fleet, poll: float = POLL) -> None:
+    def __init__(
+        self,
+        client: Fleet,
+        poll: float = POLL,
+        hands: ConsoleHands | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.client = client
         self.poll = poll
+        self.hands = hands
+        self.rng = rng or random.Random(0)
         self.counts: Counter[str] = Counter()
         self._watches: list[_Watch] = []
         self._status: dict[str, str] = {}  # runs seen finished (they stay so)
@@ -69,6 +84,8 @@ class Driver:
             w.actions.append(_Action("cancel", exp.cancel.run_id))
         if exp.budget is not None:
             w.actions += [_Action("budget", run_id) for run_id in exp.runs]
+        for action in w.actions:
+            action.console = self.hands is not None and self.rng.random() < CONSOLE_SHARE
         self._watches.append(w)
 
     def forget(self, root_id: str) -> None:
@@ -90,8 +107,11 @@ class Driver:
                 try:
                     try:
                         finished = self._act(w.expected, action)
-                    except (UnknownRun, BadInput) as exc:
+                    except (UnknownRun, BadInput, Conflict) as exc:
                         finished = self._refused(action, exc)
+                except Unreachable:  # the console or its store is down: try again later
+                    self.counts["console_errors"] += 1
+                    finished = False
                 except Exception:  # the store is unreachable: try again later
                     self.counts["store_errors"] += 1
                     finished = False
@@ -118,14 +138,14 @@ class Driver:
         if action.kind == "signal":
             return self._signal(action)
         if action.kind == "cancel":
-            return self._cancel(exp)
-        return self._budget(exp, action.run_id)
+            return self._cancel(exp, action)
+        return self._budget(exp, action)
 
     def _signal(self, action: _Action) -> bool:
         s = action.signal
         assert s is not None
         if s.mode == "before":
-            self.client.signal(s.run_id, s.name, s.payload)
+            self._send(action, s.payload)
             self.counts["signal_before"] += 1
             return True
         handle = self.client.run(s.run_id)
@@ -134,16 +154,32 @@ class Driver:
             return self._ended(s.run_id)
         if s.mode == "after_id":
             try:
-                self.client.signal(s.run_id, s.name, s.payload, wait_id=wait.id)
-            except WaitNotOpen:
+                if action.console and self.hands is not None:
+                    # An approval (odd v) or a rejection; the program reads v back from
+                    # the comment and checks the decision (programs.signal_value).
+                    v = int(s.payload["v"])
+                    self.hands.decide(s.run_id, s.name, wait.id, bool(v % 2), str(v))
+                    self.counts["console_decide"] += 1
+                else:
+                    self.client.signal(s.run_id, s.name, s.payload, wait_id=wait.id)
+            except (WaitNotOpen, Conflict):
                 return False  # answered meanwhile (by an earlier try of ours?): look again
             self.counts["signal_wait_id"] += 1
             return True
-        self.client.signal(s.run_id, s.name, s.payload)
+        self._send(action, s.payload)
         self.counts["signal_after"] += 1
         return True
 
-    def _cancel(self, exp: Expected) -> bool:
+    def _send(self, action: _Action, payload: Any) -> None:
+        s = action.signal
+        assert s is not None
+        if action.console and self.hands is not None:
+            self.hands.signal(s.run_id, s.name, payload)
+            self.counts["console_signal"] += 1
+        else:
+            self.client.signal(s.run_id, s.name, payload)
+
+    def _cancel(self, exp: Expected, action: _Action) -> bool:
         plan = exp.cancel
         assert plan is not None
         if self._ended(plan.run_id):
@@ -154,11 +190,19 @@ class Driver:
         steps = {s.id: s.status for s in self.client.run(plan.run_id).steps()}
         if any(steps.get(step_id) not in ("done", "dead") for step_id in plan.settled):
             return False
-        self.client.cancel(plan.run_id, reason=plan.reason)
+        if action.console and self.hands is not None:
+            try:
+                self.hands.cancel(plan.run_id, plan.reason)
+            except Conflict:  # ended meanwhile
+                return self._ended(plan.run_id)
+            self.counts["console_cancel"] += 1
+        else:
+            self.client.cancel(plan.run_id, reason=plan.reason)
         self.counts["cancel"] += 1
         return True
 
-    def _budget(self, exp: Expected, run_id: str) -> bool:
+    def _budget(self, exp: Expected, action: _Action) -> bool:
+        run_id = action.run_id
         handle = self.client.run(run_id)
         status = handle.status()
         if status in FINISHED:
@@ -167,8 +211,12 @@ class Driver:
             spent = int(handle.usage()["tokens"])
             assert exp.budget is not None
             try:
-                self.client.raise_budget(run_id, tokens=spent + exp.budget)
-            except BadInput:  # not parked on its budget (an effect in doubt): not ours
+                if action.console and self.hands is not None:
+                    self.hands.raise_budget(run_id, spent + exp.budget)
+                    self.counts["console_budget"] += 1
+                else:
+                    self.client.raise_budget(run_id, tokens=spent + exp.budget)
+            except (BadInput, Conflict):  # not parked on its budget (an effect in doubt)
                 return False
             self.counts["budget_raise"] += 1
         return False

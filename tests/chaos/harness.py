@@ -23,6 +23,7 @@ from typing import Any
 from fleet import Fleet, Settings
 from fleet.testing import SWEEPER_READY, FleetProcess, sweeper_argv
 from tests.chaos import flows, mutants
+from tests.chaos.console_hands import ConsoleHands, ConsoleProcess
 from tests.chaos.crew import APP, Crew
 from tests.chaos.faults import DUPLICATE, FLUSHALL, FREEZE, KILL, Fault
 from tests.chaos.injector import Injector, Plan
@@ -290,6 +291,7 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
     crew: Crew | None = None
     sweeper: FleetProcess | None = None
     pruner: Pruner | None = None
+    console: ConsoleProcess | None = None
     pg.start()
     try:
         redis.start()
@@ -305,6 +307,8 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
         if isinstance(workload, ProgramWorkload):
             pruner = Pruner(workload.app, env, workdir)
             workload.prune = pruner.prune
+            console = ConsoleProcess(workload.app, env, workdir)
+            workload.hands = ConsoleHands(console.url, console.secret)
         mutants.prove_planted(
             cfg.mutant, workdir, [*crew.pids(), sweeper.pid, *([pruner.pid] if pruner else [])]
         )
@@ -342,6 +346,8 @@ def run_chaos(cfg: ChaosConfig, say: Callable[[str], None] = print) -> Report:
             sweeper.stop()
         if pruner is not None:
             pruner.stop()
+        if console is not None:
+            console.stop()
         for proxy in proxies.values():
             proxy.close()
         redis.stop()

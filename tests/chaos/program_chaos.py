@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -31,9 +32,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from fleet import Fleet
+from fleet.store.schema import dead_letters
 from tests.chaos import program_flows
 from tests.chaos import programs as P
 from tests.chaos.checks import (
@@ -44,6 +46,7 @@ from tests.chaos.checks import (
     check_settled,
     read_lines,
 )
+from tests.chaos.console_hands import Conflict, ConsoleHands, Unreachable
 from tests.chaos.driver import Driver, tree_ids
 from tests.chaos.faults import FLUSHALL, FREEZE, KILL, REDIS_RESTART, Fault
 from tests.chaos.model import Observed, applications, differences, expected
@@ -86,6 +89,41 @@ def died_of_faults(captures: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]
                     out.add((cap["run"], step["id"]))
                     break
     return out
+
+
+def replayable(caps: list[dict[str, Any]], root: str) -> tuple[str, str] | None:
+    """The (run, step) an operator replays once the faults have killed a run: the one
+    step of the tree that died of faults, in the root, whose death failed the root (its
+    error names it), with no attached child cancelled by that end. Replayed, the root
+    resumes from that step and must end as the fault-free model says. None if the tree
+    is not so: other deaths would have turned the program onto another path, and a
+    cancelled child stays cancelled."""
+    died = died_of_faults(caps)
+    if len(died) != 1:
+        return None
+    ((run_id, step_id),) = died
+    ends = {c["run"]: c for c in caps}
+    top = ends.get(root)
+    if run_id != root or top is None or top["status"] != "failed":
+        return None
+    first = str(top["error"] or "").partition("\n")[0]
+    if f"step {step_id} failed" not in first:
+        return None
+    if any(str(c["error"] or "").startswith("cancelled: parent run") for c in caps):
+        return None
+    return run_id, step_id
+
+
+def letter_of(client: Fleet, run_id: str, step_id: str) -> int | None:
+    """The id of the step's dead letter not replayed yet, if any."""
+    stmt = select(dead_letters.c.id).where(
+        dead_letters.c.run_id == run_id,
+        dead_letters.c.step_id == step_id,
+        dead_letters.c.replayed_at.is_(None),
+    )
+    with client.runtime.db.engine.connect() as conn:
+        found = conn.execute(stmt).scalars().first()
+    return None if found is None else int(found)
 
 
 def capture_tree(client: Fleet, root: str) -> list[dict[str, Any]] | None:
@@ -166,6 +204,9 @@ class Entry:
     captured_at: float = 0.0
     wants_rerun: bool = False  # a rerun follows once the tree is captured and pruned
     resolved: bool = False  # its rerun enqueued, or its tree kept by retention
+    # The tree as it first ended, when the step the faults killed was then replayed
+    # through the console (``replayable``); ``captured`` is its end after the replay.
+    before_replay: list[dict[str, Any]] | None = None
 
 
 def rerun_program(seed: int, index: int) -> dict[str, Any]:
@@ -202,6 +243,9 @@ class ProgramWorkload:
     # Deletes the runs finished that many seconds ago or earlier; how many. The harness
     # sets it to its pruner process's, which runs the workers' engine (a planted bug's).
     prune: Callable[[int], int] = field(default=lambda seconds: 0)
+    # The console's forms over HTTP, for a share of the driver's actions (the harness
+    # sets them to its console process's); None: the Python API does them all.
+    hands: ConsoleHands | None = None
     app: str = APP
     fleet: Fleet = program_flows.fleet
     pruned: Counter[str] = field(default_factory=Counter)
@@ -237,7 +281,7 @@ class ProgramWorkload:
 
     def enqueue(self, client: Fleet) -> None:
         self._client = client
-        self.driver = Driver(client)
+        self.driver = Driver(client, hands=self.hands, rng=random.Random(f"driver-{self.seed}"))
         self._fill(client)
 
     def _fill(self, client: Fleet) -> None:
@@ -299,6 +343,24 @@ class ProgramWorkload:
             entry.captured = capture_tree(client, entry.root)
             if entry.captured is not None:
                 entry.captured_at = time.time()
+                self._replay(client, entry)
+
+    def _replay(self, client: Fleet, entry: Entry) -> None:
+        """Replay through the console the step the faults killed (``replayable``), once
+        per entry: the tree is then captured again when it ends once more."""
+        if self.hands is None or self.driver is None or entry.before_replay is not None:
+            return
+        target = replayable(entry.captured or [], entry.root)
+        letter = letter_of(client, *target) if target else None
+        if letter is None:
+            return
+        try:
+            self.hands.replay(letter)
+        except (Conflict, Unreachable) as exc:
+            self.driver.counts[f"console_replay_{type(exc).__name__}"] += 1
+            return
+        self.driver.counts["console_replay"] += 1
+        entry.before_replay, entry.captured = entry.captured, None
 
     def _reruns(self, client: Fleet, looked: float) -> None:
         """After a prune: each captured entry that wants a rerun gets it if its root id
@@ -344,9 +406,14 @@ class ProgramWorkload:
             found = differences(exp, seen, _mine(applied, entry.rerun))
             name = f"program {prog['index']}" + (" (rerun)" if entry.rerun else "")
             if found:
+                before = (
+                    f"  before its replay from the console:\n{history(entry.before_replay)}\n"
+                    if entry.before_replay
+                    else ""
+                )
                 report.differing.append(
                     f"{name} ({root}; died {sorted(died)}): {found}\n"
-                    f"    {json.dumps(prog)}\n{history(caps)}"
+                    f"    {json.dumps(prog)}\n{before}{history(caps)}"
                 )
             if self.verbose:
                 self.say(f"{name} ({root}): {json.dumps(prog)}")
@@ -393,7 +460,14 @@ class ProgramWorkload:
             for step in c["steps"]
             for t in step["tries"]
         }
-        common_figures(report, client, faults, events, steps, stopped_at, known=known)
+        limited = frozenset(
+            (e["run"], e["step"])
+            for e in read_lines(log.parent / "limits.jsonl")
+            if e["limit"] == P.CONC_LIMIT
+        )
+        common_figures(
+            report, client, faults, events, steps, stopped_at, known=known, limited=limited
+        )
         return report
 
 

@@ -39,7 +39,8 @@ The ops (every field but ``op`` and ``id``):
     detach    prog await         ``wf.start_child(detached=True)``; result() if ``await``
     signal    v mode             ``wf.wait_for("sig-<id>")``: the driver sends {"v": v}
                                  before the wait is reached, after, or after with its
-                                 wait_id (mode before | after | after_id)
+                                 wait_id (mode before | after | after_id; through the
+                                 console, after_id is an approval or a rejection)
     timeout   secs               ``wf.wait_for("late-<id>", timeout=secs)``: nobody answers
     sleep     secs               ``wf.sleep(secs)``
     say       role               appends {"role", "content": "<id> <acc>"} to "main"
@@ -337,9 +338,21 @@ def _detach(r: _Run, op: Mapping[str, Any]) -> int:
         return mix(r.acc, CAUGHT)
 
 
+def signal_value(got: Mapping[str, Any]) -> int:
+    """The ``v`` a signal carries: ``{"v": v}`` as the Python API sends it, or a console
+    decision ``{"approved", "by", "comment"}`` the driver makes for ``v`` (approve an
+    odd one, reject an even one, ``v`` as the comment). A decision that does not say
+    what was decided for it reads as ``-1`` (so its run ends otherwise than the model
+    says)."""
+    if "v" in got:
+        return int(got["v"])
+    v = int(got["comment"])
+    return v if got.get("approved") is bool(v % 2) and got.get("by") else -1
+
+
 def _signal(r: _Run, op: Mapping[str, Any]) -> int:
     got = r.wf.wait_for(signal_name(op["id"]))
-    return mix(r.acc, int(got["v"]))
+    return mix(r.acc, signal_value(got))
 
 
 def _timeout(r: _Run, op: Mapping[str, Any]) -> int:

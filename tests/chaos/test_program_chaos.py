@@ -1,5 +1,6 @@
 """The program workload's rules on hand-made records (no services): which dead steps
-died of faults, how a rerun's program and effects are told from the first one's, the
+died of faults, which killed run the console replays, how a console decision reads as
+the signal's value, how a rerun's program and effects are told from the first one's, the
 limit overlaps excused after a flush, re-executions and the recovery quantiles, the
 driver forgetting a root id, the embedded default's faults, and the proxy's cut."""
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.chaos import programs as P
+from tests.chaos.console_hands import _error_line
 from tests.chaos.driver import Driver
 from tests.chaos.faults import FLUSHALL, KILL, PG_RESTART, Fault
 from tests.chaos.harness import EMBEDDED_KINDS, ChaosConfig
@@ -23,6 +25,7 @@ from tests.chaos.program_chaos import (
     _overlap,
     died_of_faults,
     history,
+    replayable,
     rerun_program,
 )
 from tests.chaos.proxy import Proxy
@@ -212,3 +215,47 @@ def test_a_worker_inside_a_limit_is_told_from_the_limit_log(tmp_path):
     path.write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"cut sh')
     assert inside_limits(path) == {9}
     assert inside_limits(tmp_path / "none.jsonl") == set()
+
+
+def _killed_root(error: str, *children: dict[str, Any]) -> list[dict[str, Any]]:
+    lost = [_try("lost", None, 1), _try("failed", "StoreUnavailable: cut", 2)]
+    root = _cap("cp-1-2", ("o1", "done", [_try("done")]), ("o3", "dead", lost))
+    root["error"] = error
+    return [root, *children]
+
+
+def test_the_console_replays_only_a_root_killed_by_the_one_step_the_faults_killed():
+    killed = "StepFailed: step o3 failed after 2 attempt(s): StoreUnavailable: cut"
+    assert replayable(_killed_root(killed), "cp-1-2") == ("cp-1-2", "o3")
+    # The root's error names another step: its death turned the program elsewhere.
+    assert (
+        replayable(_killed_root("StepFailed: step o9 failed after 3 attempt(s): x"), "cp-1-2")
+        is None
+    )
+    # An attached child the root's end cancelled stays cancelled after a replay.
+    child = _cap("cp-1-2/o5")
+    child["status"], child["error"] = "cancelled", "cancelled: parent run cp-1-2 cancelled"
+    assert replayable(_killed_root(killed, child), "cp-1-2") is None
+    # A second death of faults anywhere in the tree: not the fault-free path either.
+    other = _cap("cp-1-2/o6", ("o7", "dead", [_try("lost", None, 1)]))
+    assert replayable(_killed_root(killed, other), "cp-1-2") is None
+    # A root that ended otherwise, or a death in a child only.
+    ok = _killed_root(killed)
+    ok[0]["status"] = "succeeded"
+    assert replayable(ok, "cp-1-2") is None
+    assert replayable([_cap("cp-1-2"), other], "cp-1-2") is None
+
+
+def test_a_console_decision_reads_as_the_value_it_was_made_for():
+    assert P.signal_value({"v": 7}) == 7
+    assert P.signal_value({"approved": True, "by": "anonymous", "comment": "7"}) == 7
+    assert P.signal_value({"approved": False, "by": "anonymous", "comment": "8"}) == 8
+    # The wrong decision for its value, or nobody named: the run will differ.
+    assert P.signal_value({"approved": False, "by": "anonymous", "comment": "7"}) == -1
+    assert P.signal_value({"approved": True, "by": "", "comment": "7"}) == -1
+
+
+def test_a_refused_page_reads_as_its_one_error_line():
+    page = '<main><p id="error" class="error">run x has already ended\n (failed)</p></main>'
+    assert _error_line(page) == "run x has already ended (failed)"
+    assert _error_line("<h1>Internal   Server Error</h1>") == "<h1>Internal Server Error</h1>"
