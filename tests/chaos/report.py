@@ -117,13 +117,7 @@ class Report:
             "re_executed_per_fault": round(self.re_executed / max(1, len(self.faults)), 2),
             "provider_calls": self.provider_calls,
             "provider_calls_by_zombies_frozen_after_their_check": self.zombie_calls,
-            "kill_to_restart_s": {
-                "n": len(deltas),
-                "median": round(statistics.median(deltas), 2) if deltas else None,
-                "p90": _quantile(deltas, 0.90),
-                "p99": _quantile(deltas, 0.99),
-                "max": round(max(deltas), 2) if deltas else None,
-            },
+            "kill_to_restart_s": distribution(deltas),
             "kills_with_no_step_in_flight": self.kills_without_step,
             "checks_failed": {name: len(found) for name, found in self.checks.items()},
             **self.extra,
@@ -161,6 +155,19 @@ class Report:
                 else "  kill → step running again        (no step was interrupted by a kill)"
             ),
         ]
+        inside = self.extra.get("kill_to_restart_in_a_limit_s")
+        if inside and inside["n"]:
+            lines.append(
+                f"    …of a step in a limit's line  median {inside['median']}s, p90 "
+                f"{inside['p90']}s, p99 {inside['p99']}s, max {inside['max']}s over "
+                f"{inside['n']} (counted apart: it waits for room by design)"
+            )
+        later = self.extra.get("kill_to_restart_after_a_replay_s")
+        if later and later["n"]:
+            lines.append(
+                f"    …of a step replayed after it died  max {later['max']}s over "
+                f"{later['n']} (counted apart: it ran again when its dead letter was replayed)"
+            )
         if self.checks:
             held = ", ".join(f"{n} {len(v)}" for n, v in self.checks.items())
             lines.append(f"  store checks failed               {held}")
@@ -231,6 +238,7 @@ def common_figures(
     stopped_at: float,
     designed: dict[str, int] | None = None,
     known: Mapping[Body, str] | None = None,
+    limited: frozenset[tuple[str, str]] = frozenset(),
 ) -> None:
     """What any workload's report says of its faults: the store's fenced writes and
     takeovers, the frozen zombies' outcomes, and from the step log's ``events``
@@ -238,7 +246,8 @@ def common_figures(
     running again. ``designed``: each step name's
     starts by design (re-executions are the starts past them); None: a re-execution is
     a start after an attempt of the same step that never ended. ``known``: attempts'
-    outcomes as captured before retention deleted them."""
+    outcomes as captured before retention deleted them. ``limited``: the (run, step)
+    of steps inside a concurrency limit, whose recoveries are counted apart."""
     # With what retention kept of the incidents of the runs it deleted.
     incidents = client.runtime.queries.figures().incidents
     report.fenced_writes = incidents.get("fenced_write", 0)
@@ -249,7 +258,7 @@ def common_figures(
     else:
         _executions(report, events, steps, designed)
     _stale(report, events, steps, faults, stopped_at)
-    _recoveries(report, events, faults)
+    _recoveries(report, events, faults, limited)
 
 
 def _zombies(
@@ -379,12 +388,34 @@ def _stale(
             report.stale_expected_fenced += 1
 
 
-def _recoveries(report: Report, events: list[dict[str, Any]], faults: list[Fault]) -> None:
+def distribution(deltas: list[float]) -> dict[str, Any]:
+    """n, median, p90, p99 (nearest rank) and max of ``deltas``, in seconds."""
+    return {
+        "n": len(deltas),
+        "median": round(statistics.median(deltas), 2) if deltas else None,
+        "p90": _quantile(deltas, 0.90),
+        "p99": _quantile(deltas, 0.99),
+        "max": round(max(deltas), 2) if deltas else None,
+    }
+
+
+def _recoveries(
+    report: Report,
+    events: list[dict[str, Any]],
+    faults: list[Fault],
+    limited: frozenset[tuple[str, str]] = frozenset(),
+) -> None:
     """For each kill: the steps its worker had started and not ended, and how long until
-    each ran again under a newer epoch."""
+    each ran again under a newer epoch. Counted apart: a step that names a concurrency
+    limit (in ``limited``, as (run, step)), which runs again only once the limit has
+    room (its wait in the limit's line is by design, not the crash's), and a step that
+    died meanwhile and ran again only when its dead letter was replayed."""
     by_step: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for e in events:
         by_step[(e["run"], e["step"])].append(e)
+    slow: list[tuple[float, str, str, float]] = []
+    in_line: list[float] = []
+    replayed: list[float] = []
     for f in faults:
         if f.kind != KILL:
             continue
@@ -398,12 +429,28 @@ def _recoveries(report: Report, events: list[dict[str, Any]], faults: list[Fault
             if any(e["event"] == "end" and e["epoch"] == last["epoch"] for e in mine):
                 continue
             again = [
-                e["t"]
+                e
                 for e in evs
                 if e["event"] == "start" and e["epoch"] > last["epoch"] and e["t"] > f.at
             ]
-            if again:
-                interrupted += 1
-                report.kill_to_restart.append(min(again) - f.at)
+            if not again:
+                continue
+            interrupted += 1
+            first = min(again, key=lambda e: e["t"])
+            took = first["t"] - f.at
+            if first["attempt"] <= last["attempt"]:
+                # A fresh attempt budget: the step died meanwhile (its attempts spent by
+                # crashes) and ran again only when its dead letter was replayed.
+                replayed.append(took)
+            elif (last["run"], last["step"]) in limited:
+                in_line.append(took)
+            else:
+                report.kill_to_restart.append(took)
+                slow.append((round(took, 2), last["run"], last["step"], f.at))
         if not interrupted:
             report.kills_without_step += 1
+    # The slowest recoveries, to look up in the logs: seconds, run, step, kill time.
+    report.extra["slowest recoveries"] = sorted(slow, reverse=True)[:8]
+    if limited:
+        report.extra["kill_to_restart_in_a_limit_s"] = distribution(in_line)
+    report.extra["kill_to_restart_after_a_replay_s"] = distribution(replayed)

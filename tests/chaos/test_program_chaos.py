@@ -29,7 +29,7 @@ from tests.chaos.program_chaos import (
     rerun_program,
 )
 from tests.chaos.proxy import Proxy
-from tests.chaos.report import Report, _interrupted_starts, _quantile
+from tests.chaos.report import Report, _interrupted_starts, _quantile, _recoveries
 from tests.chaos.services import EmbeddedBroker
 
 
@@ -118,6 +118,33 @@ def test_a_start_after_an_attempt_that_never_ended_is_a_re_execution():
     ]
     _interrupted_starts(report, ev)
     assert (report.steps_executed, report.re_executed) == (2, 2)
+
+
+def test_a_recovery_is_counted_apart_when_it_waited_in_a_limit_or_for_a_replay():
+    def start(step: str, epoch: int, attempt: int, t: float, pid: int) -> dict[str, Any]:
+        return {
+            "run": "r",
+            "step": step,
+            "epoch": epoch,
+            "attempt": attempt,
+            "t": t,
+            "pid": pid,
+            "event": "start",
+        }
+
+    ev = [
+        start("a", 1, 1, 9.0, 7),
+        start("a", 2, 2, 12.5, 8),  # taken over 2.5 s after
+        start("c", 1, 1, 9.0, 7),
+        start("c", 2, 2, 30.0, 8),  # in the limit's line
+        start("d", 1, 3, 9.0, 7),
+        start("d", 2, 1, 40.0, 8),  # died, then replayed
+    ]
+    report = Report(1, 1, [])
+    _recoveries(report, ev, [Fault(KILL, 10.0, pid=7)], frozenset({("r", "c")}))
+    assert report.kill_to_restart == [2.5]
+    assert report.extra["kill_to_restart_in_a_limit_s"]["max"] == 20.0
+    assert report.extra["kill_to_restart_after_a_replay_s"]["max"] == 30.0
 
 
 def test_recovery_quantiles_are_nearest_rank():
