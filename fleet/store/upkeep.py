@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 from sqlalchemy import BigInteger, Float, String, bindparam, delete, func, insert, not_, or_
 from sqlalchemy import select as _select
@@ -20,7 +20,7 @@ from sqlalchemy import update as _update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import BindParameter
 
-from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind
+from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
 from fleet.store import derived, driver, pruning, totals
 from fleet.store import transitions as sql
 from fleet.store.engine import Database, Transaction
@@ -52,8 +52,24 @@ CLAIM_STEP = (
         redispatch_at=now() + GRACE * (steps.c.dispatches + 1),
         dispatches=steps.c.dispatches + 1,
     )
-    .returning(steps.c.name)
+    .returning(steps.c.name, steps.c.status)
 )
+
+
+class Stalled(NamedTuple):
+    """A step the sweeper claimed for a re-send. ``abandoned``: its lease expired while
+    it ran (its worker died, froze or lost the store): the message that started it was
+    taken by that worker, so none is queued for it; any other stalled step (pending,
+    or due for a retry) most likely still has its message in line behind a backlog."""
+
+    run_id: str
+    step_id: str
+    queue: str
+    workflow: str
+    name: str
+    abandoned: bool
+
+
 _STALLED_RUN = (
     runs.c.status.in_([RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING])
     & (runs.c.advanced_seq < runs.c.wake_seq)
@@ -236,20 +252,21 @@ class Upkeep(LedgerBase):
 
     # --- the sweeper's claims -------------------------------------------------
 
-    def claim_stalled_steps(self, limit: int = 500) -> list[tuple[str, str, str, str, str]]:
+    def claim_stalled_steps(self, limit: int = 500) -> list[Stalled]:
         """Steps that need an execute message the store has no sign was answered:
         takeable now and past their re-send time. Claiming pushes the re-send time
         out (linear back-off), so concurrent sweepers and a long backlog do not
-        multiply messages. Returns (run_id, step_id, queue, workflow, step name)."""
+        multiply messages."""
         with self.db.begin(self.tx) as conn:
-            claimed: list[tuple[str, str, str, str, str]] = []
+            claimed: list[Stalled] = []
             for run_id, step_id in conn.execute(STALLED_STEPS, {"b_limit": limit}).all():
                 key = {"b_run": run_id, "b_step": step_id}
                 row = conn.execute(CLAIM_STEP, {**key, "b_grace": self.grace}).first()
                 if row is None:
                     continue  # no longer stalled since it was listed: nothing to re-send
                 queue, workflow = conn.execute(sql.RUN_QUEUE, key).one()
-                claimed.append((run_id, step_id, queue, workflow, row.name))
+                abandoned = row.status == StepStatus.RUNNING
+                claimed.append(Stalled(run_id, step_id, queue, workflow, row.name, abandoned))
             return claimed
 
     def claim_stalled_runs(self, limit: int = 500) -> list[tuple[str, str]]:

@@ -11,6 +11,13 @@ label of Flower's Prometheus series) never holds an id: ``advance:<queue>`` for 
 wake-up (the queue names the workflow and its version) and ``<workflow>.<step name>``
 for a step (``replay.step_shadow``). One series per run or step id would grow without
 bound; the ids travel in the message's arguments, where Flower shows them too.
+
+The sweeper's re-send of a step whose worker died or lost its lease is urgent: on
+Redis it goes to the queue's first priority list and is taken before the routine
+backlog, so a crash stalls its run for about a lease, not for as long as the queue
+is deep (fleet/worker/sweeper.py says which re-sends are urgent). It is still one
+message; it only jumps the line. The filesystem transport has no priorities: there
+every message waits its turn.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ log = logging.getLogger("fleet.dispatch")
 
 ADVANCE = "fleet.advance"
 EXECUTE = "fleet.execute"
+# kombu's Redis transport keeps a list per priority step (0, 3, 6, 9 by default) and
+# takes from the lowest first: routine messages go to step 3, urgent ones to step 0.
+URGENT, ROUTINE = 0, 3
 
 
 def advance_shadow(queue: str) -> str:
@@ -38,13 +48,15 @@ def advance_shadow(queue: str) -> str:
 @dataclass(frozen=True)
 class Message:
     """One wake-up: ``task`` is ``ADVANCE`` (args: run id) or ``EXECUTE`` (run id,
-    step id); ``countdown`` delays its delivery by that many seconds."""
+    step id); ``countdown`` delays its delivery by that many seconds; ``urgent``, a
+    re-send of the sweeper's, is taken before routine messages where the broker can."""
 
     task: str
     args: list[str]
     queue: str
     shadow: str
     countdown: float | None = None
+    urgent: bool = False
 
 
 class Sender(Protocol):
@@ -72,6 +84,7 @@ class CelerySender:
             queue=message.queue,
             shadow=message.shadow,
             countdown=message.countdown,
+            priority=URGENT if message.urgent else ROUTINE,
             ignore_result=True,
             producer=self.producer,
         )
@@ -104,13 +117,20 @@ class Dispatcher:
         previous, self.sender = self.sender, sender
         return previous
 
-    def advance(self, run_id: str, queue: str) -> bool:
-        return self._send(Message(ADVANCE, [run_id], queue, advance_shadow(queue)))
+    def advance(self, run_id: str, queue: str, *, urgent: bool = False) -> bool:
+        return self._send(Message(ADVANCE, [run_id], queue, advance_shadow(queue), urgent=urgent))
 
     def execute(
-        self, run_id: str, step_id: str, queue: str, *, shadow: str, countdown: float | None = None
+        self,
+        run_id: str,
+        step_id: str,
+        queue: str,
+        *,
+        shadow: str,
+        countdown: float | None = None,
+        urgent: bool = False,
     ) -> bool:
-        return self._send(Message(EXECUTE, [run_id, step_id], queue, shadow, countdown))
+        return self._send(Message(EXECUTE, [run_id, step_id], queue, shadow, countdown, urgent))
 
     def waiting(self, queues: Sequence[str]) -> int | None:
         """Messages waiting on ``queues`` for a worker to take them; None: unknown (the

@@ -6,6 +6,14 @@ with conditional writes, the steps that are takeable but unanswered (never sent,
 lease expired, retry due) and the runs with an unanswered wake-up, and sends them
 again. Several sweepers may run; a claim is taken by one of them.
 
+A step whose lease expired while it ran (its worker died or froze) has no message
+left in any queue: the worker that died took it. Its re-send is urgent
+(``fleet/worker/dispatch.py``: taken before the routine backlog), so a crash stalls
+its run for about a lease, however deep the queue. Every other re-send (a step never
+taken, a retry due, a run's wake-up) most likely re-sends a message still in line
+behind a backlog: it takes its place at the end of the line, as routine, or the
+duplicates of a deep backlog would crowd out the crash recoveries.
+
 With ``FLEET_RETENTION`` set, each tick also prunes at most one batch of runs finished
 longer ago than that (``fleet/retention.py``): a backlog drains a batch per tick, and
 once it is gone the runs table is looked at again only every minute or so.
@@ -34,8 +42,9 @@ class SweepResult:
 
 def sweep_once(rt: Runtime) -> SweepResult:
     result = SweepResult()
-    for run_id, step_id, queue, workflow, name in rt.ledger.claim_stalled_steps():
-        rt.dispatcher.execute(run_id, step_id, queue, shadow=step_shadow(workflow, name))
+    for s in rt.ledger.claim_stalled_steps():
+        shadow = step_shadow(s.workflow, s.name)
+        rt.dispatcher.execute(s.run_id, s.step_id, s.queue, shadow=shadow, urgent=s.abandoned)
         result.steps += 1
     for run_id, queue in rt.ledger.fire_due_waits():
         rt.dispatcher.advance(run_id, queue)
