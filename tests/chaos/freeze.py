@@ -31,14 +31,22 @@ from tests.chaos.checks import read_lines
 from tests.chaos.crew import Crew
 from tests.chaos.faults import FREEZE, Body, Fault
 from tests.chaos.probe import UNREPORTED, StoreProbe
+from tests.chaos.programs import CONC_LIMIT
 
 CATCH_WITHIN = 15.0  # how long a freeze looks for a worker with a step body in flight
+# …and for how much of that it waits for one with a body inside a concurrency limit
+# (whose zombie's late release must not free the slot its successor holds), before it
+# takes any worker with a body in flight.
+HOLDER_FIRST = 5.0
 REPORT_WITHIN = 20.0  # how long ``finish`` waits for the continued zombies to write
 # Once one caught step has been taken over, how long the others have to follow before
 # the thaw: a caught step may never be (its run cancelled meanwhile), and waiting for
 # it out the cap lets every taken-over step's new attempt commit first, so the zombies
 # would wake to settled steps instead of to running successors.
 AFTER_FIRST = 0.2
+# A caught body inside a concurrency limit may wait in the limit's line before it is
+# taken over; once another caught step has been, it is waited for this long at most.
+HOLDER_WAIT = 10.0
 
 
 def in_flight(log: Path) -> dict[int, list[Body]]:
@@ -55,14 +63,22 @@ def in_flight(log: Path) -> dict[int, list[Body]]:
     return {pid: list(bodies) for pid, bodies in open_.items() if bodies}
 
 
-def inside_limits(path: Path) -> set[int]:
-    """The pids with a step body inside a limit now (entered, not left), from the limit
-    log the program workload's limited steps write (none if there is none)."""
-    inside: dict[tuple[str, str, int, int], int] = defaultdict(int)
+def limit_bodies(path: Path, limit: str = CONC_LIMIT) -> dict[Body, int]:
+    """The step bodies inside the concurrency ``limit`` now (entered, not left), each
+    with its pid, from the limit log the program workload's limited steps write (none
+    if there is none)."""
+    inside: dict[tuple[Body, int], int] = defaultdict(int)
     for e in read_lines(path):
-        key = (e["run"], e["step"], e["epoch"], e["pid"])
-        inside[key] += 1 if e["event"] == "enter" else -1
-    return {key[3] for key, n in inside.items() if n > 0}
+        if e.get("limit") == limit:
+            inside[((e["run"], e["step"], e["epoch"]), e["pid"])] += (
+                1 if e["event"] == "enter" else -1
+            )
+    return {body: pid for (body, pid), n in inside.items() if n > 0}
+
+
+def inside_limits(path: Path, limit: str = CONC_LIMIT) -> set[int]:
+    """The pids with a step body inside the concurrency ``limit`` now."""
+    return set(limit_bodies(path, limit).values())
 
 
 def _stopped(pid: int) -> bool:
@@ -117,6 +133,7 @@ class Freezer:
                 FREEZE, at, at, None, f"no worker had a step body in flight: none frozen{note}"
             )
         slot, pid, bodies = caught
+        holding = set(limit_bodies(self.log.parent / "limits.jsonl")) & set(bodies)
         fault = Fault(
             FREEZE,
             time.time(),
@@ -126,7 +143,7 @@ class Freezer:
         )
         self.freezes.append(fault)
         watcher = threading.Thread(
-            target=self._watch, args=(slot, fault), name=f"thaw-{pid}", daemon=True
+            target=self._watch, args=(slot, fault, holding), name=f"thaw-{pid}", daemon=True
         )
         self._watchers.append(watcher)
         watcher.start()
@@ -135,7 +152,8 @@ class Freezer:
     def _catch(self, stop: threading.Event) -> tuple[int, int, list[Body]] | None:
         """SIGSTOP a worker that has step bodies in flight and no open transaction; the
         slot, pid and bodies."""
-        deadline = time.monotonic() + CATCH_WITHIN
+        start = time.monotonic()
+        deadline = start + CATCH_WITHIN
         while time.monotonic() < deadline and not stop.is_set():
             open_ = in_flight(self.log)
             busy = [
@@ -147,6 +165,8 @@ class Freezer:
             # free the slot its successor holds (the limiter's token).
             limited = inside_limits(self.log.parent / "limits.jsonl")
             holding = [i for i in busy if self.crew.slots[i].pid in limited]
+            if not holding and time.monotonic() < start + HOLDER_FIRST:
+                busy = []  # look again for a limit's holder a while first
             if busy:
                 slot = self.rng.choice(holding or busy)
                 pid = self.crew.freeze(slot)
@@ -167,19 +187,25 @@ class Freezer:
             stop.wait(0.05)
         return None
 
-    def _watch(self, slot: int, fault: Fault) -> None:
+    def _watch(self, slot: int, fault: Fault, holding: set[Body]) -> None:
         """Continue the worker as soon as every caught step has been taken over (the
         zombie whose step was taken last then writes while the new attempt still runs:
         only the epoch can refuse that write), after the cap, or when the harness
-        finishes."""
+        finishes. A caught body ``holding`` a concurrency slot is waited for first: its
+        successor holds the slot then, and the zombie's late release must not free it."""
         give_up = time.monotonic() + self.cap
         seen: set[Body] = set()
+        first: float | None = None  # when the first caught step was seen taken over
         while not self._finishing.is_set() and time.monotonic() < give_up:
             seen = self.probe.taken_over(fault.caught) or seen
             if len(seen) == len(fault.caught):
                 break
-            if seen:  # the first takeover: the rest have AFTER_FIRST seconds to follow
-                give_up = min(give_up, time.monotonic() + AFTER_FIRST)
+            if seen:  # the rest have AFTER_FIRST seconds to follow (a holder, longer)
+                first = first or time.monotonic()
+                if holding <= seen:
+                    give_up = min(give_up, time.monotonic() + AFTER_FIRST)
+                else:
+                    give_up = min(give_up, first + HOLDER_WAIT)
             self._finishing.wait(0.05)
         # Read last thing before the SIGCONT. Epochs only grow, so a step seen taken
         # over here was taken over before the zombie could write.

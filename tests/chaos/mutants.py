@@ -305,7 +305,7 @@ CAUGHT_BY_MIXED = {
 # What the chaos run over generated programs (``--programs``, tests/chaos/program_chaos.py)
 # caught on 2026-12-07, on this 2-core machine (the run's own seconds), at
 # ``--programs 100 --faults 25`` (seeds 16, 18) and ``--programs 200 --faults 40``
-# (seed 19); ``make chaos`` runs 1,000 programs. A catch depends on a fault meeting
+# (seed 19); ``make chaos`` runs 1,000 programs (every catch here is well inside it). A catch depends on a fault meeting
 # the bug's moment, so a seed may miss what another catches.
 CAUGHT_BY_PROGRAMS = {
     "fence": "caught in 75 s (seed 18): a frozen attempt's write got through the fence",
@@ -313,8 +313,10 @@ CAUGHT_BY_PROGRAMS = {
     "a pruned root id resumed its predecessor's parked workflow (wrong result)",
     "early-raise": "caught in 75 s and 76 s (seeds 16, 18): a run ended with a branch "
     "left going (settled check) and a replay that disagrees",
-    "double-release": "not caught (74 s, seed 18; 144 s, seed 19): no freeze met a "
-    "limit's slot holder at the moment its successor held the slot",
+    "double-release": "caught in 270 s (seed 19, 200 programs: the limit overlapped twice) "
+    "once the limit is of concurrency 1, a later attempt holds its slot 2 s longer and "
+    "the freeze waits for a caught slot holder's takeover; not caught before that "
+    "(seeds 18, 19)",
     "epoch-key": "caught in 67 s (seed 18): effects applied under keys no run expects",
     "orphan-wake": "caught by a run of 588 s (seed 19; 480 s of it the settle waits for "
     "runs still live): 20 parents never woken after their children ended; not by seed 18",

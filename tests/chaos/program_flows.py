@@ -29,6 +29,7 @@ fleet = Fleet("chaos-programs")
 celery_app = fleet.celery
 
 fleet.limit(P.CONC_LIMIT, concurrency=P.CONCURRENCY)
+TAKEOVER_HOLD = 2.0  # seconds a limited step's later attempt holds its slot longer
 fleet.limit(P.RATE_LIMIT, requests_per_minute=P.RATE_PER_MINUTE)
 
 
@@ -141,7 +142,14 @@ def chaos_read(ctx: StepContext, window: Any) -> int:
 
 @fleet.step(retry=_policy("chaos_conc"), limits=[P.CONC_LIMIT])
 def chaos_conc(ctx: StepContext, item: list[int]) -> int:
+    """A body inside the concurrency limit. An attempt after the first (one that took
+    the step over from a frozen or killed worker: the step never fails by itself) holds
+    its slot ``TAKEOVER_HOLD`` longer, so it is still inside when the zombie it
+    replaced wakes and gives back a slot: if that could free the successor's slot, one
+    body too many gets in, and the overlap check sees it."""
     with _body(ctx, P.CONC_LIMIT):
+        if ctx.epoch > 1:
+            time.sleep(TAKEOVER_HOLD)
         return int(_perform(ctx, "chaos_conc", item))
 
 

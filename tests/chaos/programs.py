@@ -46,7 +46,7 @@ The ops (every field but ``op`` and ``id``):
     say       role               appends {"role", "content": "<id> <acc>"} to "main"
     compact   keep               ``wf.compact(main, chaos_summarize, keep_last=keep)``
     read      -                  ``chaos_read`` given ``main.window()``
-    conc      ks                 a map of ``chaos_conc`` (limit "chaos-conc", concurrency 2)
+    conc      ks                 a map of ``chaos_conc`` (limit "chaos-conc", concurrency 1)
     rate      ks                 a map of ``chaos_rate`` (limit "chaos-rate", rated)
     hog       k                  ``chaos_hog``: holds the GIL in one C call (~0.5-1 s)
     usage     tokens             ``chaos_usage``: ctx.record_usage(input_tokens=tokens)
@@ -82,7 +82,10 @@ FAILED = 444  # folded in for a dead branch a fan-out returned (or a failed spaw
 DETACHED = 11  # folded in for a detached child nobody waits for
 RETRY_DELAY = 0.02  # Retry(delay=...) of the fail modes that ask for one
 CONC_LIMIT, RATE_LIMIT = "chaos-conc", "chaos-rate"
-CONCURRENCY, RATE_PER_MINUTE = 2, 120
+# Concurrency 1: a map's other items wait in the limit's line while one is inside, so
+# a slot given back twice (a zombie's late release freeing its successor's) lets one
+# of them in beside the successor, which the overlap check sees.
+CONCURRENCY, RATE_PER_MINUTE = 1, 120
 # Attempt caps: the failing steps' small one, everyone else's (a worker killed mid-step
 # costs that step an attempt; the model is told which steps died that way).
 SMALL_CAP, STEADY_CAP = 3, 6

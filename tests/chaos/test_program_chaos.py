@@ -93,10 +93,11 @@ def _limit_lines(*spans: tuple[str, float, float]) -> list[dict[str, Any]]:
 
 def test_an_overlap_is_a_failure_unless_it_began_in_the_restore_gap_after_a_flush(tmp_path):
     path = tmp_path / "limits.jsonl"
-    # Three bodies inside a limit of two: at t=11 (after a flush that ended at 10) and
+    # One body more than the limit holds: at t=11 (after a flush that ended at 10) and
     # at t=50 (long after it).
-    spans = [("a", 10.5, 12), ("b", 10.6, 12), ("c", 11, 12)]
-    spans += [("d", 49, 51), ("e", 49.5, 51), ("f", 50, 51)]
+    n = P.CONCURRENCY + 1
+    spans = [(f"a{i}", 10.5 + i / 10, 12) for i in range(n - 1)] + [("c", 11, 12)]
+    spans += [(f"d{i}", 49 + i / 10, 51) for i in range(n - 1)] + [("f", 50, 51)]
     path.write_text("".join(json.dumps(e) + "\n" for e in _limit_lines(*spans)))
     flush = Fault(FLUSHALL, 9.0, 10.0)
     found = _overlap(path, [flush], 100.0)
@@ -239,6 +240,8 @@ def test_a_worker_inside_a_limit_is_told_from_the_limit_log(tmp_path):
     lines = _limit_lines(("a", 1.0, 2.0))  # pid 1 entered and left
     held = {"limit": P.CONC_LIMIT, "run": "r", "step": "b", "epoch": 1, "pid": 9, "t": 3.0}
     lines.append({**held, "event": "enter"})
+    rated = {**held, "limit": P.RATE_LIMIT, "pid": 5}  # a rated limit holds no slot
+    lines.append({**rated, "event": "enter"})
     path.write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"cut sh')
     assert inside_limits(path) == {9}
     assert inside_limits(tmp_path / "none.jsonl") == set()
