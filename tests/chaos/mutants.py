@@ -305,8 +305,9 @@ CAUGHT_BY_MIXED = {
 # What the chaos run over generated programs (``--programs``, tests/chaos/program_chaos.py)
 # caught on 2026-12-07, on this 2-core machine (the run's own seconds), at
 # ``--programs 100 --faults 25`` (seeds 16, 18) and ``--programs 200 --faults 40``
-# (seed 19); ``make chaos`` runs 1,000 programs (every catch here is well inside it). A catch depends on a fault meeting
-# the bug's moment, so a seed may miss what another catches.
+# (seed 19); ``make chaos`` runs 1,000 programs (every catch here is well inside it).
+# A catch depends on a fault meeting the bug's moment, so a seed may miss what another
+# catches.
 CAUGHT_BY_PROGRAMS = {
     "fence": "caught in 75 s (seed 18): a frozen attempt's write got through the fence",
     "fit": "caught in 76 s (seed 16) and 140 s (seed 19; not by seed 18): a rerun under "
