@@ -169,6 +169,9 @@ class MixedWorkload:
     def done(self) -> bool:
         return True
 
+    def progress(self) -> int:
+        return 0
+
     def analyse(
         self, client: Fleet, faults: list[Fault], log: Path, provider: Path, stopped_at: float
     ) -> Report:
@@ -221,16 +224,22 @@ class Pruner:
 def _wait_for_runs(
     probe: StoreProbe, injector: Injector, settle: float, workload: Workload
 ) -> None:
-    """Until every run has finished and the workload is done, or ``settle`` seconds
-    after the last fault; the workload ticks meanwhile (the driver's actions)."""
+    """Until every run has finished and the workload is done, or nothing has moved for
+    ``settle`` seconds since the last fault (no run finished, no program captured or
+    enqueued): a run still live then is lost. The workload ticks meanwhile (the
+    driver's actions)."""
     settle_from: float | None = None
+    seen: tuple[int | None, int] | None = None
     while True:
         workload.tick()
-        if probe.unfinished() == 0 and workload.done():
+        unfinished = probe.unfinished()
+        if unfinished == 0 and workload.done():
             return
         if not injector.is_alive():
-            settle_from = settle_from or time.monotonic()
-            if time.monotonic() - settle_from > settle:
+            now = (unfinished, workload.progress())
+            if now != seen:  # something moved: the settle time starts again
+                seen, settle_from = now, time.monotonic()
+            elif settle_from is not None and time.monotonic() - settle_from > settle:
                 return
         time.sleep(0.25)
 

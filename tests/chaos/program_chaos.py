@@ -304,6 +304,10 @@ class ProgramWorkload:
         """Every entry enqueued has been captured and every rerun due has been made."""
         return all(e.enqueued and e.resolved and e.captured is not None for e in self.entries)
 
+    def progress(self) -> int:
+        """A count that grows as programs are enqueued, end and are captured."""
+        return sum(e.enqueued + (e.captured is not None) for e in self.entries)
+
     def tick(self) -> None:
         if self.driver is None or self._client is None:
             return
