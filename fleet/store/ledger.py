@@ -34,7 +34,8 @@ from fleet.store import transitions as sql
 from fleet.store.family import Family
 from fleet.store.messages import NewCompaction, NewMessage
 from fleet.store.step_ledger import Committed, Lease, ReplayRefused, TakeRefused
-from fleet.store.upkeep import DEAD_MESSAGE_MAX_BYTES, DUE_WAITS
+from fleet.store.sweeps import DUE_WAITS
+from fleet.store.upkeep import DEAD_MESSAGE_MAX_BYTES
 
 __all__ = [
     "DEAD_MESSAGE_MAX_BYTES",

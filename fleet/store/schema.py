@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlmodel import Field, SQLModel
 
@@ -204,7 +205,17 @@ class Signal(SQLModel, table=True):
     """An event sent to a run; kept until a wait_for of the same name consumes it."""
 
     __tablename__ = "fleet_signals"
-    __table_args__ = (Index("ix_signals_run_name", "run_id", "name"),)
+    __table_args__ = (
+        Index("ix_signals_run_name", "run_id", "name"),
+        # The few not consumed yet: the sweeper's look for one whose wait is pending.
+        Index(
+            "ix_signals_unconsumed",
+            "run_id",
+            "name",
+            postgresql_where=text("consumed_at IS NULL"),
+            sqlite_where=text("consumed_at IS NULL"),
+        ),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     run_id: str = Field(max_length=200)

@@ -1,7 +1,8 @@
 """The ledger's upkeep: writes that change no status. The sweeper's claims on
-stalled steps and runs, incidents, dead messages, blobs, model spend, and
-retention's deletes. Each statement is built once, below; each method is one
-short transaction (the caller's, for a ledger bound with ``within``).
+stalled steps and runs (their statements in ``fleet/store/sweeps.py``), incidents,
+dead messages, blobs, model spend, and retention's deletes. Each statement is built
+once; each method is one short transaction (the caller's, for a ledger bound with
+``within``).
 
 ``LedgerBase`` also holds the derived writes every transition shares (a run's
 wake-up, the attempt log, intents, incidents): ``fleet/store/ledger.py`` composes
@@ -12,85 +13,49 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Self
+from typing import Any, Self
 
-from sqlalchemy import BigInteger, Float, String, bindparam, delete, func, insert, not_, or_
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    String,
+    bindparam,
+    delete,
+    func,
+    insert,
+    not_,
+)
 from sqlalchemy import select as _select
 from sqlalchemy import update as _update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import BindParameter
 
-from fleet.states import AttemptOutcome, Incident, IntentOutcome, RunStatus, StepKind, StepStatus
+from fleet.states import (
+    AttemptOutcome,
+    Incident,
+    IntentOutcome,
+    StepStatus,
+)
 from fleet.store import derived, driver, pruning, totals
 from fleet.store import transitions as sql
 from fleet.store.engine import Database, Transaction
-from fleet.store.predicates import EPOCH, GRACE, LIMIT, RUN, STEP, now, run_is, step_is, takeable
-from fleet.store.schema import attempts, blobs, dead_messages, runs, steps
+from fleet.store.predicates import (
+    EPOCH,
+    RUN,
+    STEP,
+    now,
+)
+from fleet.store.schema import attempts, blobs, dead_messages, runs
+from fleet.store.sweeps import (
+    CLAIM_RUN,
+    CLAIM_STEP,
+    STALLED_RUNS,
+    STALLED_STEPS,
+    STRANDED_SIGNALS,
+    Stalled,
+)
 
 log = logging.getLogger("fleet.ledger")
-
-# --- the sweeper's claims: push the re-send time out (linear back-off) ---------------
-# SKIP LOCKED (Postgres; SQLite locks the whole file anyway): a row another transaction
-# holds, say a worker paused mid-commit, is passed over, not waited for, so one frozen
-# worker cannot stall every run's re-sends.
-_STALLED_STEP = (
-    (steps.c.kind == StepKind.TASK)
-    & takeable(now())
-    & or_(steps.c.redispatch_at.is_(None), steps.c.redispatch_at <= now())
-    & run_is(steps.c.run_id, RunStatus.RUNNING)
-)
-STALLED_STEPS = (
-    _select(steps.c.run_id, steps.c.step_id)
-    .where(_STALLED_STEP)
-    .limit(LIMIT)
-    .with_for_update(of=steps, skip_locked=True)
-)
-CLAIM_STEP = (
-    _update(steps)
-    .where(step_is(RUN, STEP), _STALLED_STEP)
-    .values(
-        redispatch_at=now() + GRACE * (steps.c.dispatches + 1),
-        dispatches=steps.c.dispatches + 1,
-    )
-    .returning(steps.c.name, steps.c.status)
-)
-
-
-class Stalled(NamedTuple):
-    """A step the sweeper claimed for a re-send. ``abandoned``: its lease expired while
-    it ran (its worker died, froze or lost the store): the message that started it was
-    taken by that worker, so none is queued for it; any other stalled step (pending,
-    or due for a retry) most likely still has its message in line behind a backlog."""
-
-    run_id: str
-    step_id: str
-    queue: str
-    workflow: str
-    name: str
-    abandoned: bool
-
-
-_STALLED_RUN = (
-    runs.c.status.in_([RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING])
-    & (runs.c.advanced_seq < runs.c.wake_seq)
-    & or_(runs.c.redispatch_at.is_(None), runs.c.redispatch_at <= now())
-)
-STALLED_RUNS = _select(runs.c.id).where(_STALLED_RUN).limit(LIMIT).with_for_update(skip_locked=True)
-CLAIM_RUN = (
-    _update(runs)
-    .where(runs.c.id == RUN, _STALLED_RUN)
-    .values(
-        redispatch_at=now() + GRACE * (runs.c.dispatches + 1),
-        dispatches=runs.c.dispatches + 1,
-    )
-    .returning(runs.c.queue)
-)
-DUE_WAITS = (
-    _select(steps.c.run_id, steps.c.step_id)
-    .where(sql.DUE_WAIT)
-    .limit(LIMIT)
-    .with_for_update(of=steps, skip_locked=True)
-)
 
 # --- spend, blobs, dead messages ------------------------------------------------------
 # Spend is added to the attempt that spent it, fenced or not: it was really spent.
@@ -268,6 +233,13 @@ class Upkeep(LedgerBase):
                 abandoned = row.status == StepStatus.RUNNING
                 claimed.append(Stalled(run_id, step_id, queue, workflow, row.name, abandoned))
             return claimed
+
+    def stranded_signals(self, limit: int = 500) -> list[tuple[str, str]]:
+        """Live runs with a kept signal and a pending wait for it that no hand-over
+        met (``STRANDED_SIGNALS``); (run_id, queue) each, for ``deliver_signals``."""
+        with self.db.begin(self.tx) as conn:
+            rows = conn.execute(STRANDED_SIGNALS, {"b_limit": limit}).all()
+            return [(str(run_id), str(queue)) for run_id, queue in rows]
 
     def claim_stalled_runs(self, limit: int = 500) -> list[tuple[str, str]]:
         """Runs with a wake-up no replay has answered (a lost advance message), past

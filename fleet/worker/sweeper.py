@@ -1,4 +1,5 @@
-"""Re-derives lost wake-ups from the store alone, and fires due timers.
+"""Re-derives lost wake-ups from the store alone, fires due timers, and hands a kept
+signal to its pending wait where both hand-overs missed it.
 
 The broker is a hint: any message may be lost (FLUSHALL, a restart without
 persistence, the filesystem transport's worker dying mid-delivery). Each tick claims,
@@ -38,6 +39,7 @@ class SweepResult:
     steps: int = 0
     runs: int = 0
     timers: int = 0
+    signals: int = 0  # kept signals handed to the pending waits no hand-over met
 
 
 def sweep_once(rt: Runtime) -> SweepResult:
@@ -49,15 +51,21 @@ def sweep_once(rt: Runtime) -> SweepResult:
     for run_id, queue in rt.ledger.fire_due_waits():
         rt.dispatcher.advance(run_id, queue)
         result.timers += 1
+    for run_id, queue in rt.ledger.stranded_signals():
+        if rt.ledger.deliver_signals(run_id):  # a concurrent hand-over may be first
+            rt.dispatcher.advance(run_id, queue)
+            result.signals += 1
     for run_id, queue in rt.ledger.claim_stalled_runs():
         rt.dispatcher.advance(run_id, queue)
         result.runs += 1
-    if result.steps or result.runs or result.timers:
+    if result.steps or result.runs or result.timers or result.signals:
         log.info(
-            "sweeper re-sent %d step and %d run wake-up(s); %d timer(s) fired",
+            "sweeper re-sent %d step and %d run wake-up(s); %d timer(s) fired; "
+            "%d kept signal(s) handed over",
             result.steps,
             result.runs,
             result.timers,
+            result.signals,
         )
     return result
 

@@ -15,6 +15,7 @@ from fleet.states import StepKind
 from fleet.store.ledger import NewStep
 from fleet.testing import InlineBroker
 from fleet.worker.inline import advance_steps
+from fleet.worker.sweeper import sweep_once
 from tests.e2e.test_cli import fleet_cli
 from tests.harness import Backend, Cluster, find_event, poll, starts
 
@@ -175,3 +176,25 @@ def test_a_kept_signal_reaches_its_wait_when_the_advance_died_after_recording_it
     advance_steps(client.runtime, run.id)  # the re-sent advance replays onto the wait
     inline.drain()
     assert run.wait(timeout=5) == {"decision": {"approved": True}}
+
+
+def test_a_signal_both_hand_overs_missed_is_handed_over_by_the_sweeper(
+    client: Fleet, inline: InlineBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal sent while its wait is being recorded: the sender's hand-over finds no
+    pending wait and the recording advance's finds no signal, when each runs before
+    the other's write commits (found by the chaos run: a run waited for ever with the
+    signal kept). The store holds both, so the sweeper hands the signal over."""
+    ledger = type(client.runtime.ledger)
+    monkeypatch.setattr(ledger, "deliver_signals", lambda self, run_id: 0)  # both miss
+    run = client.enqueue("approval")
+    inline.drain()  # work#1, then the advance that records the wait and parks
+    client.signal(run.id, "approval", {"approved": True})  # kept: no wait found
+    inline.drain()
+    assert run.status() == "waiting"
+    assert sweep_once(client.runtime).signals == 0  # still missed: nothing handed over
+    monkeypatch.undo()
+    assert sweep_once(client.runtime).signals == 1
+    inline.drain()
+    assert run.wait(timeout=5) == {"decision": {"approved": True}}
+    assert sweep_once(client.runtime).signals == 0  # consumed: never handed over twice
