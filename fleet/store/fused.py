@@ -50,7 +50,8 @@ COMMIT_AND_WAKE: Any = (
 
 # --- take_lease: the lease taken, the attempt that held the epoch before marked lost,
 # and this attempt's row opened. Zero rows: not taken (the ledger asks why).
-# ``lost``: how many attempts were marked lost (a takeover, if any).
+# ``lost``: how many attempts were marked lost (a takeover, if any); ``fanout``: the
+# step's fan-out, if it is a branch.
 # --- take_lease_at_commit: the same, and a takeover's incident noted in the statement,
 # as incidents are, in the transaction that met them (the ledger reads this one's rows
 # only after the COMMIT, too late to write the incident on its own).
@@ -85,6 +86,7 @@ def _take_and_open(limited: bool) -> tuple[Any, Any]:
         taken.c.name,
         taken.c.input,
         select(literal_column("count(*)")).select_from(lost).scalar_subquery().label("lost"),
+        taken.c.fanout,
     ).add_cte(opened)
     noted = (
         incidents.insert()

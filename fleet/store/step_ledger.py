@@ -113,10 +113,10 @@ class StepLedger(Upkeep):
                 taken = takes.take_in(conn, params, True)
                 if taken is None:
                     return takes.why_not_taken(conn, key) or TakeRefused.NOT_DUE
-            epoch, attempt, name, input_, took_over = taken
+            epoch, attempt, name, input_, took_over, branch = taken
             if took_over:
                 self._incident(conn, Incident.TAKEOVER, run_id, step_id, epoch, owner)
-            return Lease(run_id, step_id, epoch, attempt, name, input_, took_over)
+            return Lease(run_id, step_id, epoch, attempt, name, input_, took_over, branch)
 
     def take_lease_at_commit(
         self, run_id: str, step_id: str, owner: str, lease_seconds: float, limited: bool = True
@@ -152,8 +152,9 @@ class StepLedger(Upkeep):
                 # in a transaction of its own (this ledger's has committed).
                 alone = type(self)(self.db, self.grace)
                 return alone.take_lease(run_id, step_id, owner, lease_seconds)
-            epoch, attempt, name, input_, lost = taken
-            return Lease(run_id, step_id, epoch, attempt, name, input_, lost > 0)
+            epoch, attempt, name, input_, lost, fanout = taken
+            branch = fanout is not None
+            return Lease(run_id, step_id, epoch, attempt, name, input_, lost > 0, branch)
 
         return answered
 
@@ -180,6 +181,7 @@ class StepLedger(Upkeep):
         effect: bool = True,
         snapshot: bool = False,
         created_at: float | None = None,
+        branch: bool = False,
     ) -> Committed:
         """commit_output: running → done, only under the epoch held. Zero rows is a
         fenced write: the lease was taken over (or revoked) since this attempt took it;
@@ -190,7 +192,10 @@ class StepLedger(Upkeep):
         the last to settle (``Committed.replay``). ``created_at``: the run's creation
         time as the caller read it; on Postgres the history is then read in the same
         round trip as the commit (and read again, after it, if the run turns out to be
-        another one of that id, or the step a branch)."""
+        another one of that id, or the step a branch). ``branch``: the lease said the
+        step is a branch, so no history is read with its commit: a branch that is not
+        the last to settle replays nothing, and the last one reads the history after
+        its count (read with every branch's commit, a map of N read N² rows)."""
         with self.db.begin(self.tx) as conn:
             key = _key(run_id, step_id, epoch)
             woken = None
@@ -199,7 +204,7 @@ class StepLedger(Upkeep):
                 # One statement: the commit, its attempt closed, the run woken and read
                 # (unless the step is a branch: its fan-out's count decides, below).
                 params = {**key, "b_output": output, "b_grace": self.grace}
-                if created_at is None:
+                if created_at is None or branch:
                     row = driver.run(conn, fused.COMMIT_AND_WAKE, params).first()
                 else:
                     # The history after the commit, in one round trip with it (and

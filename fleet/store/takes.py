@@ -39,6 +39,9 @@ class Lease:
     name: str
     input: str
     took_over: bool
+    # The step is a branch of a fan-out (``wf.map``, ``wf.parallel``): its commit wakes
+    # the run only if it is the last branch to settle, so it reads no history with it.
+    branch: bool = False
 
 
 _WHY_NOT_TAKEN = select(
@@ -54,26 +57,27 @@ _WHY_NOT_TAKEN = select(
 
 def take_in(
     conn: Connection, params: dict[str, Any], limited: bool
-) -> tuple[int, int, str, str, bool] | None:
+) -> tuple[int, int, str, str, bool, bool] | None:
     """The take, its earlier attempt marked lost and this one opened, in ``conn``'s
-    transaction: (epoch, attempt, name, input, whether it took over), or None."""
+    transaction: (epoch, attempt, name, input, whether it took over, whether the step
+    is a branch of a fan-out), or None."""
     if conn.dialect.name == fused.DIALECT:
         # One statement: the take, the earlier attempt marked lost, this one opened.
         row = driver.run(conn, fused.TAKE_AND_OPEN[limited], params).first()
         if row is None:
             return None
-        epoch, attempt, name, input_, lost = row
-        return epoch, attempt, name, input_, lost > 0
+        epoch, attempt, name, input_, lost, fanout = row
+        return epoch, attempt, name, input_, lost > 0, fanout is not None
     row = driver.run(conn, sql.TAKE[limited], params).first()
     if row is None:
         return None
-    epoch, attempt, name, input_ = row
+    epoch, attempt, name, input_, fanout = row
     key = {"b_run": params["b_run"], "b_step": params["b_step"]}
     # Epochs only grow, so a first epoch has no earlier attempt to mark lost.
     took_over = epoch > 1 and driver.run(conn, derived.MARK_LOST, key).rowcount > 0
     opened = {**key, "b_epoch": epoch, "b_attempt": attempt, "b_owner": params["b_owner"]}
     driver.run(conn, derived.OPEN_ATTEMPT, opened)
-    return epoch, attempt, name, input_, took_over
+    return epoch, attempt, name, input_, took_over, fanout is not None
 
 
 def why_not_taken(

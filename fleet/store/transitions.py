@@ -245,7 +245,7 @@ def _take(limited: bool) -> Any:
             redispatch_at=None,
             dispatches=0,
         )
-        .returning(steps.c.epoch, steps.c.attempts, steps.c.name, steps.c.input)
+        .returning(steps.c.epoch, steps.c.attempts, steps.c.name, steps.c.input, steps.c.fanout)
     )
 
 

@@ -246,6 +246,7 @@ def _commit_output(rt: Runtime, att: Attempt, out: Output) -> Committed:
         effect=att.sd.effect,
         snapshot=True,
         created_at=att.run.created_at,
+        branch=lease.branch,
     )
 
 
