@@ -23,6 +23,7 @@ from fleet.store import driver
 from fleet.store.schema import incidents
 from fleet.store.snapshots import RUN_ROW, HistoryRead, read_snapshot
 from fleet.testing import InlineBroker
+from fleet.worker.attempt import execute
 from fleet.worker.inline import advance_steps, run_steps
 from tests.harness import Backend, Wire
 
@@ -159,6 +160,34 @@ def test_a_one_step_run_costs_six_round_trips(
         traced.append(wire.per_checkout)
     assert statistics.mode(map(tuple, traced)) == tuple(ONE_STEP_RUN), traced
     assert all(client.run(i).status() == "succeeded" for i in ids)
+
+
+# Postgres, the delivery of a branch of a fan-out that is not the last to settle: the
+# read of its run and step (one round trip with its BEGIN and COMMIT), its take (one),
+# its commit (sent with the BEGIN), its count in its fan-out, the COMMIT. Seven before
+# issue 51's fix, one of them carrying a read of the run's whole history.
+BRANCH = [1, 1, 3]
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_branch_that_is_not_the_last_costs_five_round_trips(
+    backend: Backend, client: Fleet, inline: InlineBroker
+) -> None:
+    client.enqueue("fan", 12)
+    inline.step()  # the advance: twelve branches recorded and sent
+    branches = list(inline.sent)
+    inline.sent.clear()
+    traced = []
+    for _, (run_id, step_id) in branches[:-1]:
+        wire = Wire()
+        wire.start()
+        try:
+            execute(client.runtime, run_id, step_id)
+        finally:
+            wire.stop()
+        traced.append(tuple(wire.per_checkout))
+    assert inline.sent == [], "a branch that is not the last sends nothing"
+    assert statistics.mode(traced) == tuple(BRANCH), traced
 
 
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)
