@@ -69,12 +69,13 @@ _STEP_FANOUT = select(steps.c.fanout).where(steps.c.run_id == RUN, steps.c.step_
 _BRANCH_OF = (fanouts.c.run_id == RUN, fanouts.c.fanout == _STEP_FANOUT.scalar_subquery())
 # A branch settled (done or dead). The row lock this takes serialises the fan-out's
 # branches settling at once (Postgres): exactly one of them sees ``settled == size``.
-SETTLE_BRANCH = (
+# ``SETTLE``: the count, for a statement that names the fan-out itself (fused.py).
+SETTLE = (
     _update(fanouts)
-    .where(*_BRANCH_OF)
     .values(settled=fanouts.c.settled + 1)
     .returning(fanouts.c.settled, fanouts.c.size)
 )
+SETTLE_BRANCH = SETTLE.where(*_BRANCH_OF)
 # A branch goes back to not settled (its dead letter replayed: dead → pending).
 UNSETTLE_BRANCH = _update(fanouts).where(*_BRANCH_OF).values(settled=fanouts.c.settled - 1)
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import exists, literal, literal_column, select, true
+from sqlalchemy import exists, literal, literal_column, or_, select, true
 from sqlalchemy.dialects import postgresql
 
 from fleet.states import AttemptOutcome, Incident
 from fleet.store import derived
 from fleet.store import transitions as sql
 from fleet.store.predicates import OWNER, RUN, STEP, now
-from fleet.store.schema import attempts, incidents, runs
+from fleet.store.schema import attempts, fanouts, incidents, runs
 
 # --- commit_output: the commit, its attempt closed, the run woken (unless a branch) ---
 # Zero rows: fenced (nothing written; the ledger records the fenced attempt). One row:
@@ -45,6 +45,29 @@ COMMIT_AND_WAKE: Any = (
     select(_committed.c.fanout, *_woken.c)
     .select_from(_committed.outerjoin(_woken, true()))
     .add_cte(_closed)
+)
+
+# --- commit_output of a branch: the same, the branch counted settled in its fan-out
+# (``derived.SETTLE_BRANCH`` of the fan-out the commit returned), and the run woken if
+# this branch was the last to settle, or the step is no branch. The count's row lock
+# serialises the branches settling at once, as the statement on its own does: exactly one
+# of them sees ``settled >= size``. Zero rows: fenced. One row: the run as the wake-up
+# left it, or NULLs (a branch whose siblings have not all settled: no wake-up).
+_settled = derived.SETTLE.where(
+    fanouts.c.run_id == RUN, fanouts.c.fanout == select(_committed.c.fanout).scalar_subquery()
+).cte("settled")
+_last = exists(select(_settled.c.settled).where(_settled.c.settled >= _settled.c.size))
+_woken_if_last = (
+    derived.WAKE.where(
+        or_(exists(select(_committed.c.fanout).where(_committed.c.fanout.is_(None))), _last)
+    )
+    .returning(*runs.c)
+    .cte("woken")
+)
+COMMIT_AND_SETTLE: Any = (
+    select(_committed.c.fanout, *_woken_if_last.c)
+    .select_from(_committed.outerjoin(_woken_if_last, true()))
+    .add_cte(_closed, _settled)
 )
 
 
@@ -115,6 +138,7 @@ DIALECT: str = postgresql.dialect.name
 # Every one of them writes (a meter that counts writing statements asks here).
 WRITES: tuple[Any, ...] = (
     COMMIT_AND_WAKE,
+    COMMIT_AND_SETTLE,
     *TAKE_AND_OPEN.values(),
     *TAKE_OPEN_AND_NOTE.values(),
     RECORD_AND_ADVANCE,

@@ -192,29 +192,15 @@ class StepLedger(Upkeep):
         the last to settle (``Committed.replay``). ``created_at``: the run's creation
         time as the caller read it; on Postgres the history is then read in the same
         round trip as the commit (and read again, after it, if the run turns out to be
-        another one of that id, or the step a branch). ``branch``: the lease said the
-        step is a branch, so no history is read with its commit: a branch that is not
-        the last to settle replays nothing, and the last one reads the history after
-        its count (read with every branch's commit, a map of N read N² rows)."""
+        another one of that id). ``branch``: the lease said the step is a branch (on
+        Postgres, with ``snapshot``: counted settled in the commit's statement, and no
+        history read with it; see ``_commit_fused``)."""
         with self.db.begin(self.tx) as conn:
             key = _key(run_id, step_id, epoch)
-            woken = None
+            on_one = snapshot and conn.dialect.name == fused.DIALECT
             history: tuple[HistoryRead, Any] | None = None
-            if snapshot and conn.dialect.name == fused.DIALECT:
-                # One statement: the commit, its attempt closed, the run woken and read
-                # (unless the step is a branch: its fan-out's count decides, below).
-                params = {**key, "b_output": output, "b_grace": self.grace}
-                if created_at is None or branch:
-                    row = driver.run(conn, fused.COMMIT_AND_WAKE, params).first()
-                else:
-                    # The history after the commit, in one round trip with it (and
-                    # with the transaction's BEGIN).
-                    read = HistoryRead.of(run_id, created_at, self.db.history)
-                    calls = [(fused.COMMIT_AND_WAKE, params), (read.stmt, read.params)]
-                    committed, rows = driver.pipelined(conn, calls)
-                    row, history = committed.first(), (read, rows)
-                if row is not None and row.fanout is None:
-                    woken = row[1:]
+            if on_one:
+                row, history = self._commit_fused(conn, key, output, created_at, branch)
             else:
                 row = driver.run(conn, sql.COMMIT, {**key, "b_output": output}).first()
                 if row is not None:
@@ -229,8 +215,15 @@ class StepLedger(Upkeep):
                 self._settle_intents(conn, run_id, step_id, IntentOutcome.DONE, epoch=epoch)
             if earlier_intents is not None:
                 self._settle_intents(conn, run_id, step_id, earlier_intents, before=epoch)
-            branch = row.fanout is not None
-            if branch and not self._branch_settled(conn, run_id, step_id):
+            # The run as the commit's statement woke it (None: it did not).
+            woken = row[1:] if on_one and row.id is not None else None
+            if on_one and branch:  # counted in the commit's statement
+                unsettled = woken is None
+            else:
+                unsettled = row.fanout is not None and not self._branch_settled(
+                    conn, run_id, step_id
+                )
+            if unsettled:
                 return Committed(True, replay=False)  # siblings unsettled: no wake-up
             if not snapshot:
                 self._wake(conn, run_id)
@@ -245,6 +238,32 @@ class StepLedger(Upkeep):
                     read, rows = history
                     return Committed(True, read.snapshot(conn, run, rows))
             return Committed(True, read_snapshot(conn, run_id, self.db.history, run=woken))
+
+    def _commit_fused(
+        self,
+        conn: Connection,
+        key: dict[str, Any],
+        output: str,
+        created_at: float | None,
+        branch: bool,
+    ) -> tuple[Any, tuple[HistoryRead, Any] | None]:
+        """The commit as one statement (Postgres), its attempt closed with it: the run
+        woken and read with it unless the step is a branch (``fused.COMMIT_AND_WAKE``),
+        or, for a branch, the branch counted settled too and the run woken and read
+        only if it was the last to settle (``fused.COMMIT_AND_SETTLE``). Its row (None:
+        fenced) and, with ``created_at`` and not a branch, the history after the commit
+        read in the same round trip. A branch's commit reads no history: one that is
+        not the last replays nothing, and the last reads it after its count (read with
+        every branch's commit, as it was from 6f163a5, a map of N read N² rows)."""
+        params = {**key, "b_output": output, "b_grace": self.grace}
+        if branch:
+            return driver.run(conn, fused.COMMIT_AND_SETTLE, params).first(), None
+        if created_at is None:
+            return driver.run(conn, fused.COMMIT_AND_WAKE, params).first(), None
+        read = HistoryRead.of(key["b_run"], created_at, self.db.history)
+        calls = [(fused.COMMIT_AND_WAKE, params), (read.stmt, read.params)]
+        committed, rows = driver.pipelined(conn, calls)
+        return committed.first(), (read, rows)
 
     def schedule_retry(
         self, run_id: str, step_id: str, epoch: int, delay: float, error: str, *, countdown: bool
