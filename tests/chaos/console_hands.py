@@ -15,8 +15,6 @@ fails the run loudly.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
 import secrets
 import socket
@@ -26,10 +24,11 @@ from typing import Any
 
 import httpx
 
+from fleet.console.auth import ANONYMOUS, Auth
 from fleet.errors import UnknownRun
 from fleet.testing import FleetProcess
 
-USER = "anonymous"  # the console runs --no-auth on loopback
+USER = ANONYMOUS  # the console runs --no-auth on loopback
 READY_WITHIN = 30.0
 
 
@@ -78,12 +77,12 @@ class ConsoleProcess:
 
 
 class ConsoleHands:
-    """POSTs to ``/actions/<verb>`` of the console at ``url``, confirmed; counts what
-    it did in ``counts`` (by verb) beside the driver's."""
+    """POSTs to ``/actions/<verb>`` of the console at ``url``, confirmed, with the
+    token the console signs its forms with (``fleet.console.auth.Auth.csrf``)."""
 
     def __init__(self, url: str, secret: str) -> None:
         self.http = httpx.Client(base_url=url, timeout=15.0, follow_redirects=False)
-        self.csrf = hmac.new(secret.encode(), b"csrf:" + USER.encode(), hashlib.sha256).hexdigest()
+        self.csrf = Auth(no_auth=True, secret=secret.encode()).csrf(USER)
 
     def act(self, verb: str, why: str = "chaos", **fields: str) -> None:
         """Do ``verb`` with ``fields`` (and ``why``, what the operator writes: a cancel's
@@ -123,9 +122,6 @@ class ConsoleHands:
 
     def replay(self, letter_id: int) -> None:
         self.act("replay", letter_id=str(letter_id))
-
-    def close(self) -> None:
-        self.http.close()
 
 
 def _error_line(html: str) -> str:

@@ -112,6 +112,8 @@ class Driver:
                 except Unreachable:  # the console or its store is down: try again later
                     self.counts["console_errors"] += 1
                     finished = False
+                except AssertionError:  # the harness's own form was refused: its bug
+                    raise
                 except Exception:  # the store is unreachable: try again later
                     self.counts["store_errors"] += 1
                     finished = False

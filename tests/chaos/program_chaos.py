@@ -32,10 +32,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import text
 
 from fleet import Fleet
-from fleet.store.schema import dead_letters
 from tests.chaos import program_flows
 from tests.chaos import programs as P
 from tests.chaos.checks import (
@@ -116,14 +115,8 @@ def replayable(caps: list[dict[str, Any]], root: str) -> tuple[str, str] | None:
 
 def letter_of(client: Fleet, run_id: str, step_id: str) -> int | None:
     """The id of the step's dead letter not replayed yet, if any."""
-    stmt = select(dead_letters.c.id).where(
-        dead_letters.c.run_id == run_id,
-        dead_letters.c.step_id == step_id,
-        dead_letters.c.replayed_at.is_(None),
-    )
-    with client.runtime.db.engine.connect() as conn:
-        found = conn.execute(stmt).scalars().first()
-    return None if found is None else int(found)
+    letters = client.dead_letters(run_id=run_id)  # not replayed ones, oldest first
+    return next((d.id for d in letters if d.step_id == step_id), None)
 
 
 def capture_tree(client: Fleet, root: str) -> list[dict[str, Any]] | None:

@@ -149,25 +149,23 @@ class Report:
             f"  steps re-executed                {f['steps_re_executed']} of "
             f"{f['steps_executed']} ({f['re_executed_per_fault']} per fault)",
             (
-                f"  kill → step running again        median {k['median']}s, p90 {k['p90']}s, "
-                f"p99 {k['p99']}s, max {k['max']}s over {k['n']} interrupted steps"
+                f"  kill → step running again        {_spread(k)} interrupted steps"
                 if k["n"]
                 else "  kill → step running again        (no step was interrupted by a kill)"
             ),
         ]
-        inside = self.extra.get("kill_to_restart_in_a_limit_s")
-        if inside and inside["n"]:
-            lines.append(
-                f"    …of a step in a limit's line  median {inside['median']}s, p90 "
-                f"{inside['p90']}s, p99 {inside['p99']}s, max {inside['max']}s over "
-                f"{inside['n']} (counted apart: it waits for room by design)"
-            )
-        later = self.extra.get("kill_to_restart_after_a_replay_s")
-        if later and later["n"]:
-            lines.append(
-                f"    …of a step replayed after it died  max {later['max']}s over "
-                f"{later['n']} (counted apart: it ran again when its dead letter was replayed)"
-            )
+        apart = (
+            ("kill_to_restart_in_a_limit_s", "in a limit's line", "it waits for room by design"),
+            (
+                "kill_to_restart_after_a_replay_s",
+                "replayed after it died",
+                "it ran again when its dead letter was replayed",
+            ),
+        )
+        for key, what, why in apart:
+            d = self.extra.get(key)
+            if d and d["n"]:
+                lines.append(f"    …of a step {what}  {_spread(d)} (counted apart: {why})")
         if self.checks:
             held = ", ".join(f"{n} {len(v)}" for n, v in self.checks.items())
             lines.append(f"  store checks failed               {held}")
@@ -386,6 +384,11 @@ def _stale(
             report.stale_excused["store restarting"] += 1
         else:
             report.stale_expected_fenced += 1
+
+
+def _spread(d: Mapping[str, Any]) -> str:
+    """A ``distribution`` as the report prints it."""
+    return f"median {d['median']}s, p90 {d['p90']}s, p99 {d['p99']}s, max {d['max']}s over {d['n']}"
 
 
 def distribution(deltas: list[float]) -> dict[str, Any]:
