@@ -52,15 +52,18 @@ def _body(ctx: StepContext, limit: str | None = None) -> Iterator[None]:
     _log(ctx, "start")
     if limit is not None:
         append_event("FLEET_CHAOS_LIMIT_LOG", ctx, "enter", limit=limit)
-    ok = False
+    ok, error = False, None
     try:
         time.sleep(_seconds())
         yield
         ok = True
+    except BaseException as exc:  # named in the log: a LeaseLost attempt writes nothing
+        error = type(exc).__name__
+        raise
     finally:
         if limit is not None:
             append_event("FLEET_CHAOS_LIMIT_LOG", ctx, "exit", limit=limit)
-        _log(ctx, "end", ok=ok)
+        _log(ctx, "end", ok=ok, **({"error": error} if error else {}))
 
 
 def _perform(ctx: StepContext, name: str, *args: Any) -> Any:

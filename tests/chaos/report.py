@@ -356,8 +356,9 @@ def _stale(
     stopped_at: float,
 ) -> None:
     """Bodies that finished after a newer attempt of their step had started (a takeover):
-    their write must have been refused, unless their process died first or the store
-    was restarting."""
+    their write must have been refused, unless their process died first, the store
+    was restarting, or the attempt's own lease check stopped it (LeaseLost: it writes
+    nothing)."""
     # The workers are all killed at ``stopped_at``, once every run has finished: a body
     # that a late thaw let finish just before may not have reached its commit.
     kills = [(f.pid, f.at) for f in faults if f.kind == KILL]
@@ -376,6 +377,9 @@ def _stale(
         if not taken_over:
             continue
         report.stale_finishes += 1
+        if e.get("error") == "LeaseLost":  # its own lease check stopped it: no write made
+            report.stale_excused["stopped by its lease check"] += 1
+            continue
         died = any(pid == e["pid"] and e["t"] <= at <= e["t"] + 3.0 for pid, at in kills)
         store_down = any(lo <= e["t"] <= hi for lo, hi in restarts)
         if died:
