@@ -131,6 +131,25 @@ class OffLoop:
             pool.shutdown(wait=False)
 
 
+def create_run(run: NewChild, ledger: Ledger, queries: Queries) -> bool:
+    """Insert ``run``: True if inserted (its wake-up is to be sent), False if the run
+    was there already (enqueue is idempotent); ``BadInput`` if its id is another
+    workflow's run. ``Fleet.enqueue``'s insert, and a call's of ``aenqueue`` alone."""
+    if run.run_id in ledger.create_runs([run]):
+        return True
+    check_taken(run, queries)
+    return False
+
+
+def check_taken(run: NewChild, queries: Queries) -> None:
+    """A run id found taken is the same run enqueued again, unless it is another
+    workflow's run: ``BadInput``."""
+    existing = queries.run(run.run_id)
+    if existing is not None and existing.workflow != run.workflow:
+        rid = run.run_id
+        raise BadInput(f"run id {rid!r} already belongs to workflow {existing.workflow!r}")
+
+
 def _settle_some(settled: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
     """On the futures' loop: each its value or its error, unless its caller gave up;
     ``SETTLE_AT_ONCE`` of them per turn of the loop, so that a batch's callers, woken
@@ -269,7 +288,7 @@ class Enqueues:
                     claimed.add(rid)
                     if not call.created:
                         try:
-                            self._client._check_taken(call.run, queries)
+                            check_taken(call.run, queries)
                         except BadInput as exc:
                             call.error = exc
         except CommitUnknown as exc:
@@ -286,7 +305,7 @@ class Enqueues:
         runtime = self._client.runtime
         assert call.run is not None
         try:
-            call.created = self._client._create_run(call.run, runtime.ledger, runtime.queries)
+            call.created = create_run(call.run, runtime.ledger, runtime.queries)
         except Exception as exc:
             call.error = exc
 
@@ -323,12 +342,6 @@ class AsyncClient:
             tenant: str | None,
         ) -> NewChild: ...
 
-        @staticmethod
-        def _create_run(run: NewChild, ledger: Ledger, queries: Queries) -> bool: ...
-
-        @staticmethod
-        def _check_taken(run: NewChild, queries: Queries) -> None: ...
-
         def run(self, run_id: str) -> RunHandle: ...
 
         def signal(
@@ -363,7 +376,7 @@ class AsyncClient:
         """``enqueue``, awaited: the run is recorded and its wake-up sent off the loop.
         With ``run_id``, idempotent: the same id twice (even at once) is one run."""
         prepare = functools.partial(self._new_run, workflow, args, kwargs, run_id, budget, tenant)
-        return RunHandle(self, await self.enqueues.enqueue(prepare))  # type: ignore[arg-type]
+        return RunHandle(self, await self.enqueues.enqueue(prepare))
 
     async def arun(self, run_id: str) -> RunHandle:
         """``run``, awaited: a handle for an existing run, or ``UnknownRun``."""

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fleet.aio_client import AsyncClient, Enqueues, OffLoop, Waiters
+from fleet.aio_client import AsyncClient, Enqueues, OffLoop, Waiters, create_run
 from fleet.config import Settings
 from fleet.errors import BadInput
 from fleet.handle import RunHandle
@@ -225,7 +225,7 @@ class Fleet(AsyncClient, Steering):
         runs (``fleet runs --tenant``, the console filter by it). Enqueued again under
         the same ``run_id`` with another tenant, the run keeps its first one."""
         run = self._new_run(workflow, args, kwargs, run_id, budget, tenant)
-        if self._create_run(run, self.runtime.ledger, self.runtime.queries):
+        if create_run(run, self.runtime.ledger, self.runtime.queries):
             self.runtime.dispatcher.advance(run.run_id, run.queue)
         return RunHandle(self, run.run_id)
 
@@ -276,30 +276,11 @@ class Fleet(AsyncClient, Steering):
             tenant=tenant,
         )
 
-    @staticmethod
-    def _create_run(run: NewChild, ledger: Ledger, queries: Queries) -> bool:
-        """Insert ``run``: True if inserted (its wake-up is to be sent), False if the run
-        was there already (enqueue is idempotent); ``BadInput`` if its id is another
-        workflow's run."""
-        if run.run_id in ledger.create_runs([run]):
-            return True
-        Fleet._check_taken(run, queries)
-        return False
-
-    @staticmethod
-    def _check_taken(run: NewChild, queries: Queries) -> None:
-        """A run id found taken is the same run enqueued again, unless it is another
-        workflow's run: ``BadInput``."""
-        existing = queries.run(run.run_id)
-        if existing is not None and existing.workflow != run.workflow:
-            rid = run.run_id
-            raise BadInput(f"run id {rid!r} already belongs to workflow {existing.workflow!r}")
-
     def run(self, run_id: str) -> RunHandle:
         """A handle for an existing run."""
         self.ensure_schema()
         handle = RunHandle(self, run_id)
-        handle._row()
+        handle.row()
         return handle
 
     def dead_letters(

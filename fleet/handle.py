@@ -6,14 +6,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet.errors import RunFailed, UnknownRun, WaitTimeout
 from fleet.records import StepInfo, WaitInfo
 from fleet.states import RunStatus, StepKind, StepStatus
 
 if TYPE_CHECKING:
-    from fleet.app import Fleet
+    from fleet.store.rows import RunRow
+    from fleet.worker.runtime import Runtime
+
+
+class Owner(Protocol):
+    """What a handle reads through: the ``Fleet`` it came from (named by what it
+    offers, so this module needs nothing of ``fleet.app``)."""
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+    @property
+    def waiters(self) -> Any: ...  # fleet.aio_client.Waiters
+
+    @property
+    def off_loop(self) -> Any: ...  # fleet.aio_client.OffLoop
 
 
 WAIT_POLL_MAX = 0.5  # a wait's reads slow down to one each this many seconds
@@ -48,21 +63,22 @@ def verdict(
 class RunHandle:
     """A handle on one run, read from the store on every call."""
 
-    def __init__(self, fleet: Fleet, run_id: str) -> None:
+    def __init__(self, fleet: Owner, run_id: str) -> None:
         self._fleet = fleet
         self.id = run_id
 
     def __repr__(self) -> str:
         return f"RunHandle({self.id!r})"
 
-    def _row(self) -> Any:
+    def row(self) -> RunRow:
+        """The run's row as the store holds it now; ``UnknownRun`` if there is none."""
         row = self._fleet.runtime.queries.run(self.id)
         if row is None:
             raise UnknownRun(f"unknown run id {self.id!r}")
         return row
 
     def status(self) -> str:
-        return str(self._row().status)
+        return str(self.row().status)
 
     def wait(self, timeout: float | None = 60.0, poll: float = 0.05) -> Any:
         """Block until the run ends: its return value, or ``RunFailed``."""
@@ -84,7 +100,7 @@ class RunHandle:
     def _ended(self, deadline: float | None, timeout: float | None) -> tuple[bool, Any]:
         """One look at the run: ``(True, result)`` once it succeeded, ``RunFailed`` once
         it ended otherwise, ``WaitTimeout`` past ``deadline``, else ``(False, None)``."""
-        row = self._row()
+        row = self.row()
         load = self._fleet.runtime.payloads.load
         status, now = RunStatus(row.status), time.monotonic()
         return verdict(self.id, status, row.error, lambda: load(row.result), deadline, timeout, now)
@@ -108,7 +124,7 @@ class RunHandle:
     def waits(self) -> list[WaitInfo]:
         """The run's open ``wait_for`` waits, earliest first: each one's id answers it
         alone (``Fleet.signal(..., wait_id=id)``); a sleep is not listed."""
-        self._row()
+        self.row()
         return [
             WaitInfo(s.step_id, s.name.removeprefix("wait:"), s.created_at, s.due_at)
             for s in self._fleet.runtime.queries.steps(self.id)
@@ -119,5 +135,5 @@ class RunHandle:
 
     def usage(self) -> dict[str, Any]:
         """Calls, tokens and cost recorded by the run's steps, every attempt included."""
-        self._row()
+        self.row()
         return self._fleet.runtime.queries.usage(self.id)

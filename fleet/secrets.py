@@ -45,13 +45,17 @@ class Secret:
         """A secret read from the environment variable ``name`` of the worker that uses it."""
         if not isinstance(name, str) or not _NAME.match(name):
             raise PayloadError(f"secret name {name!r} is not an environment variable name")
-        secret = cls.__new__(cls)
+        secret: Secret = cls.__new__(cls)
         secret._name, secret._value = name, None
         return secret
 
     @property
     def name(self) -> str | None:
         return self._name
+
+    def peek(self) -> str | None:
+        """The value, to mask it, not to use it (no redactor is told; None if unset)."""
+        return self._value if self._name is None else os.environ.get(self._name)
 
     def reveal(self) -> str:
         """The value, for the step that needs it. Never log or return it."""
@@ -202,7 +206,7 @@ def _held_values(value: Any) -> Iterator[str]:
     while stack:
         item = stack.pop()
         if isinstance(item, Secret):
-            found = item._value if item._name is None else os.environ.get(item._name)
+            found = item.peek()
             if found is not None:
                 yield found
         elif isinstance(item, dict):

@@ -11,7 +11,7 @@ already) records nothing. Bad input is ``BadInput`` in one line, before any chan
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from fleet.errors import BadInput, WaitNotOpen
 from fleet.handle import RunHandle
@@ -21,7 +21,6 @@ from fleet.store import audit
 from fleet.worker.replay import step_shadow
 
 if TYPE_CHECKING:
-    from fleet.app import Fleet
     from fleet.worker.runtime import Runtime
 
 _UNSET: Any = object()
@@ -83,7 +82,7 @@ class Steering:
             run.queue,
             shadow=step_shadow(run.workflow, letter.name),
         )
-        return RunHandle(cast("Fleet", self), letter.run_id)
+        return self.run(letter.run_id)
 
     def cancel(
         self,
@@ -103,7 +102,7 @@ class Steering:
         same for ``signal``, ``resolve``, ``raise_budget`` and ``replay``. A refused
         action records nothing."""
         action = audit.action(by, why, "cancel", reason=reason)
-        row = self.run(run_id)._row()
+        row = self.run(run_id).row()
         if not self.runtime.ledger.cancel_run(run_id, reason, action):
             return False
         parent = row.parent_id and self.runtime.queries.run(row.parent_id)
@@ -128,7 +127,7 @@ class Steering:
             raise BadInput("resolve takes either output=... or retry=True")
         outcome = "retry" if retry else "happened"
         action = audit.action(by, why, "resolve", step_id, outcome=outcome)
-        row = self.run(run_id)._row()
+        row = self.run(run_id).row()
         text = None
         if output is not _UNSET:
             text = self.runtime.payloads.dump(output, what=f"output of step {step_id}")
@@ -160,7 +159,7 @@ class Steering:
             {k: v for k, v in (("tokens", tokens), ("cost", cost)) if v is not None}
         )
         action = audit.action(by, why, "raise_budget", tokens=new_tokens, cost=new_cost)
-        row = self.run(run_id)._row()
+        row = self.run(run_id).row()
         if not self.runtime.ledger.raise_budget(run_id, new_tokens, new_cost, action):
             raise BadInput(f"run {run_id} is {row.status}, not waiting on its budget")
         for step in self.runtime.queries.steps(run_id):
@@ -191,7 +190,7 @@ class Steering:
         if wait_id is not None and not (isinstance(wait_id, str) and 0 < len(wait_id) <= 300):
             raise BadInput(f"wait_id={wait_id!r:.80} must be a wait's id from run.waits()")
         action = audit.action(by, why, "signal", name, wait=wait_id)
-        row = self.run(run_id)._row()
+        row = self.run(run_id).row()
         text = self.runtime.payloads.dump(payload, what=f"payload of signal {name}")
         if wait_id is not None:
             if not self.runtime.ledger.answer_wait(run_id, wait_id, name, text, action):

@@ -90,7 +90,7 @@ def status(
     def body() -> int:
         fleet = open_fleet(app_)
         q = fleet.runtime.queries
-        run = fleet.run(run_id)._row()
+        run = fleet.run(run_id).row()
         steps, attempts = q.steps(run_id), q.attempts(run_id)
         limited = _waiting_on_limits(fleet, run)
         if json_:
@@ -197,7 +197,7 @@ def follow(fleet: Fleet, run_id: str, timeout: float | None = None) -> int:
         # Both text columns are markup=False (see ``columns``): a run id is text.
         bar = progress.add_task(one_line(run_id), total=None, state="")
         while True:
-            run = fleet.run(run_id)._row()
+            run = fleet.run(run_id).row()
             steps = [s for s in q.steps(run_id) if s.kind == StepKind.TASK]
             done = sum(1 for s in steps if StepStatus(s.status).finished)
             running = [s.step_id for s in steps if s.status == StepStatus.RUNNING]

@@ -176,21 +176,20 @@ class Browse:
         with self._begin() as conn:
             ordered = self._bytewise(conn)
             clauses = filters(where, ordered)
-            found = conn.execute(listed(clauses, after, limit, *LISTED, more=1)).all()
+            found = conn.execute(listed(clauses, after, limit, *LISTED, more=1)).mappings().all()
             page = found[:limit]
-            ids = [r.id for r in page]
+            ids = [r["id"] for r in page]
             steps_of, spend_of = progress(conn, ids), spend(conn, ids)
         rows = []
         for r in page:
-            done, total = steps_of.get(r.id, (0, 0))
-            tokens, cost = spend_of.get(r.id, (0, 0.0))
+            done, total = steps_of.get(r["id"], (0, 0))
+            tokens, cost = spend_of.get(r["id"], (0, 0.0))
             rows.append(
-                RunListRow(
-                    **r._mapping, steps_done=done, steps_total=total, tokens=tokens, cost=cost
-                )
+                RunListRow(**r, steps_done=done, steps_total=total, tokens=tokens, cost=cost)
             )
         more = len(found) > limit
-        return RunsPage(rows, encode_cursor(page[-1].created_at, page[-1].id) if more else None)
+        cursor = encode_cursor(page[-1]["created_at"], page[-1]["id"]) if more else None
+        return RunsPage(rows, cursor)
 
     def runs_fingerprint(
         self, where: RunFilter = EVERY_RUN, after: str | None = None, limit: int = 50
@@ -321,9 +320,9 @@ class Browse:
         if run_id is not None:
             stmt = stmt.where(audit.c.run_id == run_id)
         with self._begin() as conn:
-            found = conn.execute(stmt).all()
+            found = conn.execute(stmt).mappings().all()
         decode = json.loads
-        return [AuditRow(**{**r._mapping, "detail": r.detail and decode(r.detail)}) for r in found]
+        return [AuditRow(**{**r, "detail": r["detail"] and decode(r["detail"])}) for r in found]
 
     def dead_letters(
         self, run_id: str | None = None, workflow: str | None = None, limit: int = 200

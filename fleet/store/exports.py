@@ -110,11 +110,11 @@ def export_run(queries: Queries, run_id: str) -> dict[str, Any] | None:
         if found is None:
             return None
         run = RunRow.from_row(found)
-        said = [dict(r._mapping) for r in conn.execute(_MESSAGES, params)]
-        compacted = [dict(r._mapping) for r in conn.execute(_COMPACTIONS, params)]
+        said = [dict(r) for r in conn.execute(_MESSAGES, params).mappings()]
+        compacted = [dict(r) for r in conn.execute(_COMPACTIONS, params).mappings()]
         steps = [StepRow.from_row(r) for r in conn.execute(HISTORY, params)]
-        sent = [dict(r._mapping) for r in conn.execute(_SIGNALS, params)]
-        children = [dict(r._mapping) for r in conn.execute(_CHILDREN, params)]
+        sent = [dict(r) for r in conn.execute(_SIGNALS, params).mappings()]
+        children = [dict(r) for r in conn.execute(_CHILDREN, params).mappings()]
         texts = [
             run.args,
             run.result,

@@ -73,8 +73,68 @@ def create_private_folders(*folders: Path) -> None:
             path.mkdir(mode=0o700, exist_ok=True)
 
 
+def _passthrough(connection_errors: Any) -> tuple[type[BaseException], ...]:
+    """The errors that are the broker's trouble, not the message's: re-raised, so that
+    Celery reconnects. kombu counts KeyError among Redis's connection errors; here it
+    would be the message's fault, and re-raising it would have the message restored
+    and redelivered."""
+    return tuple(e for e in connection_errors if e is not KeyError)
+
+
+def set_aside(transport_options: Any, queue: str, reason: str, raw: Any) -> None:
+    """Keep the message in the store's dead-message list and log one line; if the
+    store cannot take it, the line (with the body clipped) is all that is left."""
+    text = envelope.as_text(raw)
+    sink = transport_options.get(envelope.SINK_OPTION)
+    if sink is None:
+        outcome = "dropped (no store to set it aside in)"
+    else:
+        try:
+            outcome = f"set aside as dead message {sink(queue, reason, text)}"
+        except Exception as exc:  # noqa: BLE001 - the store is down: drop, never crash
+            outcome = f"dropped (the store could not take it: {one_line(str(exc), 200)})"
+    log.error(
+        "bad message on queue %s %s: %s; message: %s",
+        one_line(queue, 200),
+        outcome,
+        one_line(reason, 300),
+        one_line(text, 200),
+    )
+
+
+class GuardedTransport:
+    """Mixed into both transports: every message is checked before kombu builds its
+    ``Message`` (which dies on a bad body) or Celery sees it.
+
+    ``_deliver`` is the virtual transport's one door for a message taken from a queue
+    (the polling loop, Redis's BRPOP and fanout reads all go through it): kombu has no
+    public hook that sees the raw message first, so it is overridden here, as the
+    channels below override ``_get`` and ``_put``."""
+
+    client: Any
+    connection_errors: Any
+
+    def _deliver(self, message: Any, queue: Any) -> Any:
+        if not queue:  # kombu's own error for a message without a queue
+            return super()._deliver(message, queue)  # type: ignore[misc]
+        name = str(queue)
+        options = self.client.transport_options
+        try:
+            envelope.check(name, message)
+        except Exception as exc:  # noqa: BLE001 - Malformed, or a value it did not foresee
+            reason = str(exc) if isinstance(exc, envelope.Malformed) else repr(exc)
+            return set_aside(options, name, reason, message)
+        try:
+            return super()._deliver(message, queue)  # type: ignore[misc]
+        except _passthrough(self.connection_errors):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one message must not end the worker
+            return set_aside(options, name, f"Celery could not take it: {exc!r}", message)
+
+
 class GuardedChannel:
-    """Mixed into both channels: every message a consumer receives is checked first."""
+    """Mixed into both channels: a message its consumer's callback (Celery) could not
+    take is acked, and raised to the transport, which sets it aside."""
 
     connection: Any
     qos: Any
@@ -82,60 +142,34 @@ class GuardedChannel:
     def basic_consume(
         self, queue: Any, no_ack: Any, callback: Any, consumer_tag: Any, **kwargs: Any
     ) -> Any:
-        result = super().basic_consume(  # type: ignore[misc]
-            queue, no_ack, callback, consumer_tag, **kwargs
+        return super().basic_consume(  # type: ignore[misc]
+            queue, no_ack, self._acking(callback), consumer_tag, **kwargs
         )
-        # kombu's callback for this queue builds the message (decoding its body) and
-        # hands it to Celery: both steps that die on a bad message.
-        deliver = self.connection._callbacks[queue]
-        self.connection._callbacks[queue] = self._guard(str(queue), deliver)
-        return result
 
-    def _guard(self, queue: str, deliver: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        # kombu counts KeyError among Redis's connection errors; here it would be the
-        # message's fault, and re-raising it would have the message restored and redelivered.
-        passthrough = tuple(e for e in self.connection.connection_errors if e is not KeyError)
+    def _acking(self, callback: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        passthrough = _passthrough(self.connection.connection_errors)
 
-        def guarded(raw: Any) -> Any:
+        def acking(message: Any) -> Any:
             try:
-                envelope.check(queue, raw)
-            except Exception as exc:  # noqa: BLE001 - Malformed, or a value it did not foresee
-                reason = str(exc) if isinstance(exc, envelope.Malformed) else repr(exc)
-                return self.set_aside(queue, reason, raw)
-            try:
-                return deliver(raw)
+                return callback(message)
             except passthrough:
                 raise  # the broker's trouble, not the message's: Celery reconnects
-            except Exception as exc:  # noqa: BLE001 - one message must not end the worker
-                self._ack_if_held(raw)
-                return self.set_aside(queue, f"Celery could not take it: {exc!r}", raw)
+            except Exception:
+                self._ack_if_held(message.delivery_tag)
+                raise  # GuardedTransport sets it aside
 
-        return guarded
+        return acking
 
-    def _ack_if_held(self, raw: Any) -> None:
-        tag = raw["properties"]["delivery_tag"]  # checked by envelope.check
-        if tag in self.qos._delivered:
-            self.basic_ack(tag)  # type: ignore[attr-defined]
+    def _ack_if_held(self, tag: Any) -> None:
+        try:
+            self.qos.get(tag)  # a message not yet acked, held for this consumer
+        except KeyError:
+            return
+        self.basic_ack(tag)  # type: ignore[attr-defined]
 
     def set_aside(self, queue: str, reason: str, raw: Any) -> None:
-        """Keep the message in the store's dead-message list and log one line; if the
-        store cannot take it, the line (with the body clipped) is all that is left."""
-        text = envelope.as_text(raw)
-        sink = self.connection.client.transport_options.get(envelope.SINK_OPTION)
-        if sink is None:
-            outcome = "dropped (no store to set it aside in)"
-        else:
-            try:
-                outcome = f"set aside as dead message {sink(queue, reason, text)}"
-            except Exception as exc:  # noqa: BLE001 - the store is down: drop, never crash
-                outcome = f"dropped (the store could not take it: {one_line(str(exc), 200)})"
-        log.error(
-            "bad message on queue %s %s: %s; message: %s",
-            one_line(queue, 200),
-            outcome,
-            one_line(reason, 300),
-            one_line(text, 200),
-        )
+        """``set_aside`` through this channel's transport options."""
+        set_aside(self.connection.client.transport_options, queue, reason, raw)
 
 
 class FilesystemChannel(GuardedChannel, filesystem.Channel):
@@ -278,7 +312,7 @@ class FilesystemChannel(GuardedChannel, filesystem.Channel):
             return None
 
 
-class FilesystemTransport(filesystem.Transport):
+class FilesystemTransport(GuardedTransport, filesystem.Transport):
     Channel = FilesystemChannel
 
     @property
@@ -341,7 +375,7 @@ class RedisChannel(GuardedChannel, redis.Channel):
         )
 
 
-class RedisTransport(redis.Transport):
+class RedisTransport(GuardedTransport, redis.Transport):
     Channel = RedisChannel
 
 

@@ -165,6 +165,7 @@ class Conversations:
         self.run_id = run.id
         self._created_at = run.created_at
         self._open: dict[str, Transcript] = {}
+        self._recorded: dict[str, Recorded] = {}  # what each open transcript had recorded
         self.messages: list[NewMessage] = []
         self.compactions: list[NewCompaction] = []
         self._producers: dict[int, tuple[Any, str, str | None]] = {}
@@ -180,7 +181,9 @@ class Conversations:
         check_name(name, "transcript")
         found = self._open.get(name)
         if found is None:
-            recorded = self._rt.queries.recorded(self.run_id, self._created_at, name)
+            recorded = self._recorded[name] = self._rt.queries.recorded(
+                self.run_id, self._created_at, name
+            )
             found = self._open[name] = Transcript(self, name, recorded)
         return found
 
@@ -200,8 +203,7 @@ class Conversations:
         return value
 
     def _held(self, step_id: str) -> Any:
-        for transcript in self._open.values():
-            recorded = transcript._recorded
+        for recorded in self._recorded.values():
             pos = recorded.outputs.get(step_id)
             if pos is not None:
                 return recorded.fresh(pos)
@@ -231,12 +233,13 @@ class Conversations:
     def unfinished(self) -> str | None:
         """A transcript the replay did not append all its recorded messages to, as the
         error of a workflow that returned: its code no longer says what it said."""
-        for t in self._open.values():
-            if len(t) < len(t._recorded):
+        for name, t in self._open.items():
+            count = len(self._recorded[name])
+            if len(t) < count:
                 return (
                     f"non-determinism in run {self.run_id}: the workflow returned after "
                     f"appending {len(t)} messages to transcript {t.name!r} but "
-                    f"{len(t._recorded)} are recorded"
+                    f"{count} are recorded"
                 )
         return None
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from celery import Celery
+from kombu.exceptions import ChannelError
 
 from fleet.worker import strands
 
@@ -96,14 +97,25 @@ class CelerySender:
 def queue_depths(celery: Celery, queues: Sequence[str]) -> dict[str, int]:
     """Messages waiting on each of ``queues`` for a worker to take them (0 for a queue
     nobody has declared yet); raises, within about a second, if the broker does not
-    answer. kombu's virtual channel sizes a queue for both of fleet's transports:
-    ``LLEN`` over its priority lists on Redis, the files named for it in the filesystem
-    transport's folder. On a connection of the app's producer pool, not a new one: a
-    busy worker asks this for its runs twice a second."""
+    answer. Each is the count of a passive declare (``_depth``), which kombu's virtual
+    channel makes for both of fleet's transports: ``LLEN`` over the queue's priority
+    lists on Redis, the files named for it in the filesystem transport's folder. On a
+    connection of the app's producer pool, not a new one: a busy worker asks this for
+    its runs twice a second."""
     with celery.pool.acquire(block=True, timeout=1.0) as conn:
         conn.ensure_connection(max_retries=1, timeout=1)
         channel: Any = conn.default_channel
-        return {queue: int(channel._size(queue)) for queue in queues}
+        return {queue: _depth(channel, queue) for queue in queues}
+
+
+def _depth(channel: Any, queue: str) -> int:
+    """The messages on ``queue`` by kombu's public count, a passive declare (on Redis
+    two round trips: its lists' EXISTS, then their LLEN); 0 when the broker has no such
+    queue (on Redis: none of its lists holds a message)."""
+    try:
+        return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    except ChannelError:
+        return 0
 
 
 class Dispatcher:

@@ -134,7 +134,7 @@ class Live:
             return False
         if self.registry is not rt.registry or self.db is not rt.db:
             return False
-        if len(history) < ctx._pos:  # a position it reserved is not in the history
+        if len(history) < ctx.reached:  # a position it reserved is not in the history
             return False
         start, ids = ctx.parked
         return all(history[start + i].step_id == step_id for i, step_id in enumerate(ids))
@@ -261,6 +261,12 @@ class LiveRuns:
         for entry in dropped:
             entry.drop()
 
+    def forked(self) -> None:
+        """In a forked child: a new lock (a thread of the parent may have held this one
+        at the fork, and is not in the child to let it go), and nothing kept."""
+        self._lock = threading.Lock()
+        self.clear()
+
     def clear(self) -> None:
         with self._lock:
             entries = [live for live, _ in self._entries.values()]
@@ -286,8 +292,7 @@ def _forked() -> None:
     thread is not in the child to let it go."""
     global _ORPHANS_LOCK
     _ORPHANS_LOCK = threading.Lock()
-    RUNS._lock = threading.Lock()
-    RUNS.clear()
+    RUNS.forked()
     _ORPHANS.clear()
 
 
@@ -304,7 +309,7 @@ def start(
     """A workflow to run live, if this process keeps live runs (None: replay it)."""
     if rt.settings.live_runs <= 0 or under_gevent():
         return None
-    return Live(ctx, wf, args, kwargs, rt.registry, rt.db, ctx._run.created_at)
+    return Live(ctx, wf, args, kwargs, rt.registry, rt.db, ctx.created_at)
 
 
 def keep_once_committed(rt: Runtime, live: Live) -> None:

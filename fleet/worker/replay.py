@@ -173,7 +173,7 @@ def _replay(
             result = wf.fn(ctx, *args, **kwargs) if live is None else live.run()
             if result is PARKED:
                 raise Suspend
-            check_all_replayed(ctx, run_id)
+            check_all_replayed(ctx)
         finally:
             # In one transaction the run moves on (queued or waiting → running) once the
             # workflow has run, first of the replay's writes: nothing is locked while the
@@ -220,17 +220,11 @@ def error_text(exc: Exception) -> str:
     return f"{error}\n\n{traceback.format_exc()}"
 
 
-def check_all_replayed(ctx: WorkflowContext, run_id: str) -> None:
+def check_all_replayed(ctx: WorkflowContext) -> None:
     """A workflow that returned must have met every recorded step and message."""
-    if ctx._pos < len(ctx._history):
-        raise NonDeterminism(
-            f"non-determinism in run {run_id}: the workflow returned after {ctx._pos} steps "
-            f"but the history has {len(ctx._history)} (next recorded: "
-            f"{ctx._history[ctx._pos].step_id!r})"
-        )
-    unfinished = ctx.talk.unfinished()
-    if unfinished:
-        raise NonDeterminism(unfinished)
+    unmet = ctx.unreplayed() or ctx.talk.unfinished()
+    if unmet:
+        raise NonDeterminism(unmet)
 
 
 def _fail(rt: Runtime, run_id: str, error: str, ctx: WorkflowContext | None = None) -> None:

@@ -161,7 +161,7 @@ def replay_recorded(rt: Runtime, run_id: str, workflow: WorkflowDef | None = Non
             args, kwargs = rt.payloads.load_call(run.args, f"arguments of run {run_id}")
             redact.watch((args, kwargs))
             returned = wf.fn(ctx, *args, **kwargs)
-            check_all_replayed(ctx, run_id)
+            check_all_replayed(ctx)
             limit = rt.settings.max_blob_bytes
             text = codec.encode(returned, what=f"result of run {run_id}", limit=limit)
             replay = Replay(run_id, "finished", result=codec.decode(text), replayed=ctx.met)

@@ -118,6 +118,26 @@ class WorkflowContext(Children, Fanouts):
         self.answered = False
         self.talk.rebind(rt)
 
+    @property
+    def reached(self) -> int:
+        """How many recorded steps the workflow has met (or reserved) so far."""
+        return self._pos
+
+    @property
+    def created_at(self) -> float:
+        """When the run was created (its history is read from then on)."""
+        return self._run.created_at
+
+    def unreplayed(self) -> str | None:
+        """A recorded step a workflow that returned never reached, as the error; None if none."""
+        pos, history = self._pos, self._history
+        if pos >= len(history):
+            return None
+        return (
+            f"non-determinism in run {self.run_id}: the workflow returned after {pos} steps "
+            f"but the history has {len(history)} (next recorded: {history[pos].step_id!r})"
+        )
+
     # --- the public surface -----------------------------------------------------
 
     def step(self, fn: StepDef | str, *args: Any, key: str | None = None, **kwargs: Any) -> Any:

@@ -24,6 +24,7 @@ from fleet import (
     StoreUnavailable,
     UnknownRun,
     WaitTimeout,
+    aio_client,
 )
 from fleet.aio_client import OffLoop
 from tests.harness import Backend, Cluster, poll, starts
@@ -128,14 +129,14 @@ def test_a_failed_batch_is_tried_call_by_call_and_one_failure_stays_its_own(
         return create_runs(self, new)
 
     monkeypatch.setattr(ledger_type, "create_runs", broken)
-    create_alone = client._create_run
+    create_alone = aio_client.create_run
 
     def alone(run: Any, ledger: Any, queries: Any) -> bool:
         if run.run_id == "doomed":
             raise StoreUnavailable("the store went away for this one")
         return create_alone(run, ledger, queries)
 
-    monkeypatch.setattr(client, "_create_run", alone)
+    monkeypatch.setattr(aio_client, "create_run", alone)
     ids = ["a", "doomed", "b", "c"]
     got = asyncio.run(_held(client, [client.aenqueue("chain", 1, run_id=i) for i in ids]))
     assert [g.id if not isinstance(g, Exception) else str(g) for g in got] == [

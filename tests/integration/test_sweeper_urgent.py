@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 
 from fleet import Fleet
-from fleet.worker.dispatch import Message
+from fleet.worker.dispatch import Message, queue_depths
 from fleet.worker.replay import advance
 from fleet.worker.sweeper import sweep_once
 from tests.harness import Backend, Cluster, executions, wait_until
@@ -59,3 +59,16 @@ def test_a_step_whose_worker_died_runs_again_before_the_routine_backlog(
     starts = [e["run"] for e in executions(backend) if e["event"] == "start"]
     assert starts[0] == "crashed", f"the re-sent step waited behind the backlog: {starts}"
     assert sorted(starts) == sorted(ids)
+
+
+def test_a_queue_depth_counts_urgent_and_routine_messages(backend: Backend, client: Fleet) -> None:
+    """On Redis an urgent message waits on its queue's first priority list, a routine
+    one on another: the depth is every message waiting, whichever list holds it."""
+    rt = client.runtime
+    queue = client.registry.workflow("chain").queue(client.settings.queue)
+    idle = client.registry.workflow("refusing").queue(client.settings.queue)
+    assert rt.dispatcher.advance("routine", queue)
+    assert rt.dispatcher.advance("urgent", queue, urgent=True)
+    assert rt.dispatcher.execute("urgent", "work#1", queue, shadow="chain.work", urgent=True)
+    assert queue_depths(client.celery, [queue, idle]) == {queue: 3, idle: 0}
+    assert rt.dispatcher.waiting([queue, idle]) == 3
