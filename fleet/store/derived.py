@@ -23,6 +23,7 @@ from fleet.store.predicates import (
     OWNER,
     RUN,
     STEP,
+    among,
     held,
     now,
     takeable,
@@ -123,7 +124,7 @@ _FIRST_FAILED = (
     .where(
         attempts.c.run_id == RUN,
         attempts.c.step_id == STEP,
-        attempts.c.outcome.in_([AttemptOutcome.FAILED, AttemptOutcome.LOST]),
+        among(attempts.c.outcome, [AttemptOutcome.FAILED, AttemptOutcome.LOST]),
     )
     .order_by(attempts.c.epoch)
     .limit(1)
@@ -155,7 +156,7 @@ CLOSE_ATTEMPT = (
         attempts.c.run_id == RUN,
         attempts.c.step_id == STEP,
         attempts.c.epoch == EPOCH,
-        attempts.c.outcome.in_([AttemptOutcome.RUNNING, AttemptOutcome.LOST]),
+        among(attempts.c.outcome, [AttemptOutcome.RUNNING, AttemptOutcome.LOST]),
     )
     .values(outcome=OUTCOME, error=ERROR, finished_at=now())
 )

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from fleet.errors import BadInput, StoreUnavailable
-from fleet.store import waits, wire
+from fleet.store import driver, waits
 from fleet.store.history import HistoryCache
 from fleet.store.message_cache import MessageCache
 
@@ -56,9 +56,9 @@ def _sqlite_now(element: db_now, compiler: Any, **kw: Any) -> str:
     return "((julianday('now') - 2440587.5) * 86400.0)"
 
 
-# Set while ``Database.begin(read=True)`` opens its transaction (per thread, or per
-# greenlet under gevent): SQLite's BEGIN then takes no write lock.
-_reading = threading.local()
+# In a connection's ``info`` while ``Database.begin(read=True)`` opens its transaction:
+# SQLite's BEGIN then takes no write lock.
+READING = "fleet.reading"
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -80,7 +80,7 @@ def _configure_sqlite(engine: Engine) -> None:
         # read (``Database.begin(read=True)``) takes no lock at all: under WAL it reads
         # its snapshot beside the writer, so a reader frozen (SIGSTOP) or slow in it
         # never holds up another worker's writes.
-        conn.exec_driver_sql("BEGIN" if getattr(_reading, "now", False) else "BEGIN IMMEDIATE")
+        conn.exec_driver_sql("BEGIN" if conn.info.get(READING) else "BEGIN IMMEDIATE")
 
 
 def parse_url(url: str) -> URL:
@@ -139,8 +139,8 @@ def make_engine(url: str, pool_size: int | None = None) -> Engine:
     _ping_idle_connections(engine)
     waits.cooperative(engine)  # on psycopg, a greenlet may wait its own way
     # A statement run through SQLAlchemy first sends what the driver left pending.
-    event.listen(engine, "before_cursor_execute", wire.settle)
-    event.listen(engine, "connect", wire.prepares_alone)
+    event.listen(engine, "before_cursor_execute", driver.settle)
+    event.listen(engine, "connect", driver.prepares_alone)
     return engine
 
 
@@ -203,12 +203,7 @@ class Transaction:
         self.failed: BaseException | None = None
         self.open = True
         self.committed: list[Callable[[], None]] = []  # see ``after_commit``
-
-
-# What to do once each open transaction commits, by its connection's id. Kept beside
-# the connection, not in its ``info``: reading that of a connection the store dropped
-# (a Postgres restart) raises, and would hide the driver's error behind another.
-_AFTER: dict[int, list[Callable[[], None]]] = {}
+        self.line: driver.Line | None = None  # its pipeline, on Postgres
 
 
 def after_commit(conn: Connection, fn: Callable[[], None]) -> None:
@@ -217,9 +212,18 @@ def after_commit(conn: Connection, fn: Callable[[], None]) -> None:
     message caches) is kept so: a read in a transaction sees that transaction's own
     writes, and those are facts only once it commits. (A connection opened outside
     ``Database``'s transactions has no such moment: ``fn`` is dropped.)"""
-    pending = _AFTER.get(id(conn))
-    if pending is not None:
-        pending.append(fn)
+    try:
+        tx = conn.info.get(driver.OPEN)
+    except Exception:  # noqa: BLE001 - a connection the store dropped has no info
+        return
+    if tx is not None and tx.conn is conn and tx.open:
+        tx.committed.append(fn)
+
+
+def _forget(conn: Connection) -> None:
+    """The connection's transaction has ended: its ``info`` no longer names it."""
+    with suppress(Exception):  # a connection the store dropped has no info
+        conn.info.pop(driver.OPEN, None)
 
 
 def _run(committed: list[Callable[[], None]]) -> None:
@@ -282,7 +286,7 @@ class Database:
     @property
     def wired(self) -> bool:
         """Postgres: a transaction's BEGIN and COMMIT are sent with its statements
-        (fleet/store/wire.py), so a statement ``driver.send`` leaves pending goes out
+        (fleet/store/driver.py), so a statement ``driver.send`` leaves pending goes out
         with the COMMIT of a call's own transaction too."""
         return self._wired
 
@@ -296,28 +300,11 @@ class Database:
             with self._within(tx) as conn:
                 yield conn
             return
-        if self._wired:
-            # On Postgres a call's own transaction is sent as ``transaction`` sends one:
-            # its BEGIN with the first statements, its COMMIT with the last ones, so a
-            # single write whose answer can wait is one round trip, not three.
-            with self.transaction() as own, self._within(own) as conn:
-                yield conn
-            return
-        committed: list[Callable[[], None]] = []
-        _reading.now = read  # for the BEGIN only
-        try:
-            with self.engine.begin() as conn:
-                _reading.now = False
-                _AFTER[id(conn)] = committed
-                try:
-                    yield conn
-                finally:
-                    _AFTER.pop(id(conn), None)
-        except OperationalError as exc:
-            raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
-        finally:
-            _reading.now = False
-        _run(committed)
+        # On Postgres a call's own transaction is sent as ``transaction`` sends one: its
+        # BEGIN with the first statements, its COMMIT with the last ones, so a single
+        # write whose answer can wait is one round trip, not three.
+        with self.transaction(read=read) as own, self._within(own) as conn:
+            yield conn
 
     @contextmanager
     def _within(self, tx: Transaction) -> Iterator[Connection]:
@@ -338,10 +325,10 @@ class Database:
             raise
 
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
+    def transaction(self, *, read: bool = False) -> Iterator[Transaction]:
         """One transaction for several store calls, each handed it by hand, so several
         conditional writes (and the reads between them) cost one round of BEGIN/COMMIT
-        and land together or not at all. Commits on leaving.
+        and land together or not at all. Commits on leaving. ``read``: as ``begin``'s.
 
         Errors: anything raised inside rolls it back and propagates (driver errors as
         ``StoreUnavailable``), as does a store call that failed in it even if its caller
@@ -353,41 +340,46 @@ class Database:
         tx = Transaction(conn)
         try:
             try:
-                conn.begin()
+                conn.info[READING] = read  # for SQLite's BEGIN only
+                try:
+                    conn.begin()
+                finally:
+                    conn.info.pop(READING, None)
                 # On Postgres fleet sends the BEGIN with the first statements and the
-                # COMMIT with the last ones (fleet/store/wire.py).
-                wire.own_transaction(conn)
-                _AFTER[id(conn)] = tx.committed
+                # COMMIT with the last ones (fleet/store/driver.py).
+                if self._wired:
+                    tx.line = driver.own(conn)
+                conn.info[driver.OPEN] = tx
                 try:
                     yield tx
                 finally:
                     tx.open = False
-                    _AFTER.pop(id(conn), None)
+                    _forget(conn)
                 if tx.failed is not None:
                     raise StoreUnavailable(f"a store call in the transaction failed: {tx.failed}")
             except BaseException:
-                wire.abandon(conn)
+                driver.abandon(tx.line)
                 _quietly_rollback(conn)
                 raise
             try:
-                wire.finish(conn)
+                driver.finish(conn, tx.line)
                 conn.commit()
             except OperationalError as exc:
                 if not _rolled_back(exc):
                     raise CommitUnknown(describe_driver_error(self.url, exc)) from exc
-                wire.abandon(conn)
+                driver.abandon(tx.line)
                 _quietly_rollback(conn)
                 raise
             except BaseException:
                 # Refused before the COMMIT ran (a statement sent with it failed).
-                wire.abandon(conn)
+                driver.abandon(tx.line)
                 _quietly_rollback(conn)
                 raise
             _run(tx.committed)
         except OperationalError as exc:
             raise StoreUnavailable(describe_driver_error(self.url, exc)) from exc
         finally:
-            wire.release(conn)
+            driver.release(conn, tx.line)
             conn.close()
 
     def has_schema(self) -> bool:

@@ -142,7 +142,7 @@ class Ledger(Family):
             family = driver.run(conn, stmt, params).first()
             if family is None:
                 return False
-            # Sent, not waited for: it goes out with the COMMIT (fleet/store/wire.py).
+            # Sent, not waited for: it goes out with the COMMIT (fleet/store/driver.py).
             driver.send(conn, sql.REVOKE_LEASES, {"b_run": run_id})
             if family.parent_id is not None or family.live_children:
                 text = result if status is RunStatus.SUCCEEDED else error
@@ -367,7 +367,7 @@ class Ledger(Family):
             if dialect == fused.DIALECT and alone and advanced_seq is not None:
                 # A replay's usual end in one statement: its one next step, marked
                 # advanced. Sent, not waited for: it goes out with the next statement
-                # or the COMMIT (fleet/store/wire.py).
+                # or the COMMIT (fleet/store/driver.py).
                 driver.send(conn, fused.RECORD_AND_ADVANCE, {**rows[0], "b_advanced": advanced_seq})
                 return
             if messages:

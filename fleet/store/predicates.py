@@ -9,9 +9,22 @@ column's name, which SQLAlchemy reserves for SET values.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from enum import Enum
 from typing import Any
 
-from sqlalchemy import Float, Integer, String, and_, bindparam, exists, func, or_, select
+from sqlalchemy import (
+    Float,
+    Integer,
+    String,
+    and_,
+    bindparam,
+    exists,
+    func,
+    literal_column,
+    or_,
+    select,
+)
 
 from fleet.states import RunStatus, StepStatus, Transition
 from fleet.store.engine import db_now
@@ -47,10 +60,22 @@ def now() -> Any:
 # --- predicates -----------------------------------------------------------------
 
 
+def among(column: Any, names: Iterable[str | Enum]) -> Any:
+    """``column IN ('a', 'b')`` of fleet's own state names, written into the statement
+    rather than bound: its plan (prepared once per connection) sees them, and the driver
+    runs it as compiled (an expanding bound list would need SQLAlchemy to render it)."""
+    quoted: list[Any] = []
+    for name in sorted({str(getattr(n, "value", n)) for n in names}):
+        if not name.isidentifier():
+            raise ValueError(f"not a state name: {name!r}")
+        quoted.append(literal_column(f"'{name}'"))
+    return column.in_(quoted)
+
+
 def status_in(transition: Transition) -> Any:
     """``status IN (sources)`` of the table entry, on its subject's table."""
     table = runs if transition.subject == "run" else steps
-    return table.c.status.in_(sorted(transition.sources))
+    return among(table.c.status, transition.sources)
 
 
 def takeable(at: Any) -> Any:
@@ -64,7 +89,7 @@ def takeable(at: Any) -> Any:
 
 def run_is(run_id: Any, *statuses: RunStatus, unlimited: bool = False) -> Any:
     """The run is in one of ``statuses`` (and, if ``unlimited``, has no spend limits)."""
-    where = [runs.c.id == run_id, runs.c.status.in_(list(statuses))]
+    where = [runs.c.id == run_id, among(runs.c.status, statuses)]
     if unlimited:
         where += [runs.c.budget_tokens.is_(None), runs.c.budget_cost.is_(None)]
     return exists().where(*where)

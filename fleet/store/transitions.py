@@ -4,9 +4,8 @@ it, built once at import. Only the ledger executes them.
 Each group is headed by the state change it makes; a statement that changes a status
 takes its ``WHERE status IN (sources)`` and ``SET status = target`` from the entry
 of ``fleet.states.TRANSITIONS`` it names (``_move``), so the two cannot drift.
-Values are bound by name (``b_*``, see ``fleet/store/predicates.py``); the derived
-writes that share a transition's transaction are in ``fleet/store/derived.py``.
-"""
+Values are bound by name (``b_*``, see ``fleet/store/predicates.py``); derived writes
+sharing a transition's transaction are in ``fleet/store/derived.py``."""
 
 from __future__ import annotations
 
@@ -45,6 +44,7 @@ from fleet.store.predicates import (
     SIGNAL,
     STEP,
     WAIT_NAME,
+    among,
     held,
     now,
     run_is,
@@ -134,7 +134,7 @@ _FAMILY = (
     .where(
         _child.c.parent_id == RUN,
         _child.c.detached.is_(False),
-        _child.c.status.in_(_LIVE_RUN),
+        among(_child.c.status, _LIVE_RUN),
     )
     .label("live_children"),
 )
@@ -446,5 +446,5 @@ SETTLE_CHILD_DEAD = (
 LIVE_CHILDREN = select(runs.c.id).where(
     runs.c.parent_id.in_(bindparam("b_ids", expanding=True)),
     runs.c.detached.is_(False),
-    runs.c.status.in_(_LIVE_RUN),
+    among(runs.c.status, _LIVE_RUN),
 )
