@@ -98,8 +98,8 @@ def routes(c: Console) -> list[Route | Mount]:
         Route("/dead-letters/{letter_id}", pages.handler(c, letters.show)),
         Route("/fleet", pages.handler(c, fleet_view.show)),
         Route("/audit", pages.handler(c, pages.audit)),
-        Route("/events/run", live.run_events(c)),
-        Route("/events/runs", live.runs_events(c)),
+        Route("/events/run", run_page.run_events(c)),
+        Route("/events/runs", pages.runs_events(c)),
         Route("/actions/{verb}", actions.endpoint(c), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]

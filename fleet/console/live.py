@@ -23,13 +23,10 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from fleet.console.render import Refused, root
-
 if TYPE_CHECKING:
-    from fleet.console.render import Console
+    pass
 
 log = logging.getLogger("fleet.console")
 
@@ -150,58 +147,10 @@ def sse(html: str) -> str:
 KEEP_ALIVE_FRAME = sse("")
 
 
-def _events(frames: AsyncIterator[str]) -> Response:
+def stream_response(frames: AsyncIterator[str]) -> Response:
+    """The response that streams ``frames`` (server-sent events) to the browser."""
     return StreamingResponse(
         frames,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
-
-
-def run_events(c: Console) -> Callable[[Request], Any]:
-    """``/events/run?id=RUN``: the run page's ``#run-live`` region, as it changes."""
-    from fleet.console.pages import checked
-    from fleet.console.run_page import live_region
-
-    async def endpoint(request: Request) -> Response:
-        checked(request)
-        run_id = request.query_params.get("id", "")
-        base = root(request)
-        key = ("run", run_id, base)
-        if not await c.hub.admit(key, lambda: c.fleet.runtime.queries.run(run_id) is not None):
-            raise Refused(404, f"unknown run '{run_id}'")
-        return _events(
-            c.hub.stream(
-                key,
-                lambda: c.browse.run_fingerprint(run_id),
-                lambda: live_region(c, run_id, base),
-                c.stream_seconds,
-            )
-        )
-
-    return endpoint
-
-
-def runs_events(c: Console) -> Callable[[Request], Any]:
-    """``/events/runs?<filters>``: the runs table's body, as the listed runs change."""
-    from fleet.console.pages import PAGE_SIZE, checked, runs_filters, runs_key, runs_rows
-
-    async def endpoint(request: Request) -> Response:
-        checked(request)
-        normalised = runs_key(request.query_params)
-        filters = await run_in_threadpool(runs_filters, c, normalised)
-        base = root(request)
-        # Keyed by the normalised filters only: a parameter the list does not read, the
-        # order or spelling of the ones it does ("1h", "60m") make no watcher of their
-        # own; "since=2h" is one list for every watcher (measured from its first).
-        key = ("runs", base, normalised)
-        return _events(
-            c.hub.stream(
-                key,
-                lambda: c.browse.runs_fingerprint(filters, limit=PAGE_SIZE),
-                lambda: runs_rows(c, filters, base),
-                c.stream_seconds,
-            )
-        )
-
-    return endpoint

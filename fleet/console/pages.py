@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from fleet.console.live import stream_response
 from fleet.console.render import Console, Refused, no_nul, page, path, root
 from fleet.durations import parse_duration
 from fleet.errors import BadInput
@@ -163,3 +164,27 @@ def positive(text: str, name: str, default: float | None = None) -> float | None
     if not math.isfinite(value) or value <= 0:
         raise Refused(400, f"{name} must be a positive number, got {text!r}")
     return value
+
+
+def runs_events(c: Console) -> Callable[[Request], Any]:
+    """``/events/runs?<filters>``: the runs table's body, as the listed runs change."""
+
+    async def endpoint(request: Request) -> Response:
+        checked(request)
+        normalised = runs_key(request.query_params)
+        filters = await run_in_threadpool(runs_filters, c, normalised)
+        base = root(request)
+        # Keyed by the normalised filters only: a parameter the list does not read, the
+        # order or spelling of the ones it does ("1h", "60m") make no watcher of their
+        # own; "since=2h" is one list for every watcher (measured from its first).
+        key = ("runs", base, normalised)
+        return stream_response(
+            c.hub.stream(
+                key,
+                lambda: c.browse.runs_fingerprint(filters, limit=PAGE_SIZE),
+                lambda: runs_rows(c, filters, base),
+                c.stream_seconds,
+            )
+        )
+
+    return endpoint

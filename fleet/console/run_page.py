@@ -13,6 +13,7 @@ do the transcripts: however long, they are never sent again at each change.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -21,6 +22,8 @@ from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import Response
 
+from fleet.console.live import stream_response
+from fleet.console.pages import checked
 from fleet.console.render import Console, Refused, page, root
 from fleet.console.transcript_view import shown_input, transcripts
 from fleet.errors import PayloadError
@@ -159,3 +162,25 @@ def show(c: Console, request: Request) -> Response:
         transcripts=transcripts(c, run_id),
         events="/events/run?" + urlencode({"id": run_id}),
     )
+
+
+def run_events(c: Console) -> Callable[[Request], Any]:
+    """``/events/run?id=RUN``: the run page's ``#run-live`` region, as it changes."""
+
+    async def endpoint(request: Request) -> Response:
+        checked(request)
+        run_id = request.query_params.get("id", "")
+        base = root(request)
+        key = ("run", run_id, base)
+        if not await c.hub.admit(key, lambda: c.fleet.runtime.queries.run(run_id) is not None):
+            raise Refused(404, f"unknown run '{run_id}'")
+        return stream_response(
+            c.hub.stream(
+                key,
+                lambda: c.browse.run_fingerprint(run_id),
+                lambda: live_region(c, run_id, base),
+                c.stream_seconds,
+            )
+        )
+
+    return endpoint

@@ -14,13 +14,16 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "fleet"
 MAX_LINES = 450
+HARD_LINES = 650
 
 # Top-level modules outside the floors, and why: the entry point of ``python -m fleet``
 # (it only imports the CLI) and the gevent patch that must run before anything else.
@@ -141,12 +144,67 @@ def test_architecture_md_gives_every_module_a_room() -> None:
     assert roomless == []
 
 
-def test_no_module_is_over_450_lines() -> None:
-    """Small enough to read in one sitting; generated migrations excepted."""
-    over = {
-        str(path.relative_to(ROOT)): lines
+def test_no_module_is_over_the_line_cap() -> None:
+    """Small enough to read in one sitting; generated migrations excepted. Past
+    ``MAX_LINES`` a module is a warning sign (is it one concern?), not a reason to
+    split it; past ``HARD_LINES`` it is too long to read."""
+    lines = {
+        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
         for path in sorted(FLEET.rglob("*.py"))
         if "migrations" not in path.parts
-        and (lines := len(path.read_text().splitlines())) > MAX_LINES
     }
-    assert over == {}
+    long = {path: n for path, n in lines.items() if n > MAX_LINES}
+    if long:
+        warnings.warn(f"modules past {MAX_LINES} lines: {long}", stacklevel=1)
+    assert {path: n for path, n in long.items() if n > HARD_LINES} == {}
+
+
+def _circles(graph: Any) -> list[list[str]]:
+    """The import circles among ``graph``'s modules (strongly connected components of
+    more than one module, imports made only for type checking and inside functions
+    included: a circle there is still two modules that cannot be read apart)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in graph.find_modules_directly_imported_by(module):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            circle = []
+            while True:
+                other = stack.pop()
+                circle.append(other)
+                if other == module:
+                    break
+            if len(circle) > 1:
+                found.append(sorted(circle))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_circles_in_fleet() -> None:
+    import grimp
+
+    assert _circles(grimp.build_graph("fleet")) == []
+
+
+def test_a_circle_is_found() -> None:
+    class Graph:
+        modules = {"a", "b", "c"}
+        edges = {"a": {"b"}, "b": {"a"}, "c": {"a"}}
+
+        def find_modules_directly_imported_by(self, module: str) -> set[str]:
+            return self.edges[module]
+
+    assert _circles(Graph()) == [["a", "b"]]
