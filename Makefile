@@ -5,11 +5,11 @@ PY := .venv/bin/python
 SEED ?=
 REPS ?= 3
 
-.PHONY: setup chaos chaos-embedded chaos-mixed bench
+.PHONY: setup chaos chaos-embedded chaos-mixed bench bench-quick
 
 setup:
 	./dev fleet --help >/dev/null
-	$(PY) -c "import dbos" 2>/dev/null || $(PY) -m pip install --quiet -e ".[dev,bench]"
+	$(PY) -c "import dbos" 2>/dev/null || $(PY) -m pip install --quiet -e ".[dev,bench]" -c constraints.txt
 
 # 1,000 generated programs on 3 workers, 100 faults, checked against their model;
 # needs root and pg_createcluster (a private Postgres cluster and Redis are started,
@@ -33,3 +33,8 @@ bench: setup
 	$(PY) -m bench.long_runs --reps $(REPS)
 	$(PY) -m bench.transcripts
 	$(PY) -m bench.fanout --items 10000
+
+# Every benchmark that has a target, at a small size, in about five minutes: each ratio
+# beside its target (bench/quick.py). Run it before an engine change is resolved.
+bench-quick: setup
+	$(PY) -m bench.quick
