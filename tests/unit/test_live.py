@@ -23,7 +23,7 @@ REGISTRY, DB = object(), object()
 def _parked(start: int, ids: tuple[str, ...], pos: int, dirty: bool = False, held: int = 0) -> Live:
     talk = SimpleNamespace(held_bytes=held)
     ctx: Any = SimpleNamespace(
-        run_id="r", parked=(start, ids), _pos=pos, dirty=dirty, live=True, talk=talk
+        run_id="r", parked=(start, ids), reached=pos, dirty=dirty, live=True, talk=talk
     )
     return Live(ctx, wf=Any, args=[], kwargs={}, registry=REGISTRY, db=DB, created_at=1.0)  # type: ignore[arg-type]
 
