@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fleet import (
@@ -1097,6 +1098,30 @@ def forgiving(wf: WorkflowContext) -> str:
     wf.step(nop, 1)
     wf.wait_for("go")
     return f"caught {caught}"
+
+
+# Called with the run's id whenever ``drawn`` runs past a draw (in the advance that
+# records it, or replays it): a test's probe of where an advance stands.
+ON_DRAW: list[Callable[[str], None]] = []
+
+
+@fleet.workflow(version="1")
+def drawn(wf: WorkflowContext, n: int, wait: bool = False) -> list[Any]:
+    """``n`` rounds of a recorded draw (``wf.random``) and a step, each draw recorded
+    in the advance that records the round's step; with ``wait``, a wait for "go" after
+    the first round. It returns every draw: a workflow resumed past a draw whose record
+    rolled back (or another run's) returns what no replay of the history returns.
+    Counts its entries."""
+    _entered(wf)
+    out: list[Any] = []
+    for i in range(n):
+        draw = wf.random()
+        for probe in ON_DRAW:
+            probe(wf.run_id)
+        out.append([wf.step(nop, i), draw])
+        if wait and i == 0:
+            out.append(wf.wait_for("go"))
+    return out
 
 
 # --- async steps that misbehave (issue 48, item 11) -----------------------------------
