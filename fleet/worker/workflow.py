@@ -8,8 +8,8 @@ the history at its position (``_expect``: ``NonDeterminism`` otherwise). What th
 replay recorded is left in ``new_tasks`` for the driver (``fleet/worker/replay.py``)
 to send once it has committed.
 
-Stopping has two forms. A replayed workflow unwinds (``Suspend``). A live one (run in
-a greenlet, fleet/worker/live.py) parks where it stands, and a later advance hands it
+Stopping has two forms. A replayed workflow unwinds (``Suspend``). A live one (run on a
+thread of its own, fleet/worker/live.py) parks where it stands, and a later advance hands it
 that advance's history (``rebind``) and resumes it there: the rows of the positions it
 parked on are read again, the rows before them are ``done`` rows, which never change.
 """
@@ -22,8 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
-
-import greenlet
 
 from fleet import codec
 from fleet.errors import ChildFailed, LimitExceeded, NonDeterminism, StepFailed
@@ -50,7 +48,7 @@ class Suspend(BaseException):
     """
 
 
-# What a live workflow's greenlet hands its driver when it parks (see ``_park``).
+# What a live workflow's keeper hands its driver when it parks (fleet/worker/live.py).
 PARKED = object()
 
 
@@ -96,8 +94,8 @@ class WorkflowContext(Children, Fanouts):
         self.talk = Conversations(rt, run)  # its transcripts and their new messages
         self._run = run
         self.new_children: list[NewChild] = []  # child runs recorded: each needs an advance
-        # Live (fleet/worker/live.py): run in a greenlet that parks instead of unwinding.
-        self.live = False
+        # Live (fleet/worker/live.py): its keeper's ``park``, called instead of unwinding.
+        self.live: Callable[[], None] | None = None
         # Handed a dead step's error: a replayed dead letter can undo that, so this
         # context is not kept live past its advance.
         self.dirty = False
@@ -335,13 +333,13 @@ class WorkflowContext(Children, Fanouts):
 
     def _park(self, start: int, ids: Sequence[str]) -> Sequence[StepRow]:
         """Stop here until the steps ``ids`` at positions ``start``… have moved on.
-        Replayed: unwind (``Suspend``). Live: park the greenlet; a later advance
+        Replayed: unwind (``Suspend``). Live: park on its keeper; a later advance
         resumes it with its own history (``rebind``), whose rows at those positions are
         returned (the driver has checked they are these steps)."""
-        if not self.live:
+        if self.live is None:
             raise Suspend
         self.parked = (start, tuple(ids))
-        greenlet.getcurrent().parent.switch(PARKED)
+        self.live()
         self.parked = None
         return self._history[start : start + len(ids)]
 
