@@ -30,7 +30,7 @@ holder the loop waits behind (§9: 13.6 ms late at p99 with one thread, 48.6 wit
 calls one by one). With batches, one thread made the endpoint's tail slower (a batch
 waits for the lock at each of its round trips, and the reads wait behind it); two kept
 the loop under 20 ms and the endpoint faster than four threads one call at a time.
-Batches also pause (``give_way``) so that the loop is not kept waiting by them.
+Batches also pause (``GiveWay``) so that the loop is not kept waiting by them.
 
 A coroutine cancelled while its call runs (a client that hung up) stops waiting, not the
 call: an enqueue or a signal already on its thread still lands, as a sync call would
@@ -79,15 +79,25 @@ ENQUEUE_BATCH = 100  # most runs one transaction of aenqueue inserts
 # pauses GIVE_WAY_FOR seconds: the loop takes the lock while the thread sleeps.
 GIVE_WAY_AFTER = 0.002
 GIVE_WAY_FOR = 0.0002
-_since = threading.local()
 
 
-def give_way() -> None:
-    """On a pool thread, between two pieces of work: pause if it has worked long."""
-    now = time.perf_counter()
-    if now - getattr(_since, "start", 0.0) >= GIVE_WAY_AFTER:
-        time.sleep(GIVE_WAY_FOR)
-        _since.start = time.perf_counter()
+class GiveWay:
+    """One batch's pauses on its pool thread: called between two pieces of its work, it
+    pauses if the batch has worked long since its last pause."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.perf_counter,
+        pause: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._clock = clock
+        self._pause = pause
+        self._since = clock()
+
+    def __call__(self) -> None:
+        if self._clock() - self._since >= GIVE_WAY_AFTER:
+            self._pause(GIVE_WAY_FOR)
+            self._since = self._clock()
 
 
 class OffLoop:
@@ -226,6 +236,7 @@ class Enqueues:
     def _enqueue(self, batch: list[_Enqueue]) -> None:
         """``enqueue`` for each call of ``batch``, the runs inserted in one transaction."""
         todo: list[_Enqueue] = []
+        give_way = GiveWay()
         for call in batch:
             if call.future.cancelled():  # gave up before its turn: as an unstarted call
                 continue
@@ -241,9 +252,9 @@ class Enqueues:
         if not (len(todo) > 1 and self._insert_together(todo)):
             for call in todo:
                 self._insert_alone(call)
-        self._wake([call for call in todo if call.created])
+        self._wake([call for call in todo if call.created], give_way)
 
-    def _wake(self, new: list[_Enqueue]) -> None:
+    def _wake(self, new: list[_Enqueue], give_way: GiveWay) -> None:
         """Each new run's wake-up, as ``enqueue`` sends it; through Celery, all of them
         in one round to the broker (kombu's batch: one Redis pipeline), which also takes
         half the interpreter's time of one publish each. A failure to send is logged,

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from fleet import BadInput, Fleet, NonRetryable, Retry, Settings
+from fleet.aio_client import GIVE_WAY_AFTER, GIVE_WAY_FOR, GiveWay
 from fleet.secrets import current_redactor, redacting
 from fleet.store.ledger import Lease
 from fleet.worker import aio, process
@@ -315,3 +316,21 @@ def test_an_async_workflow_is_refused_at_definition(tmp_path: Any) -> None:
         return 1
 
     assert app.registry.steps["fine"].fn is not None
+
+
+def test_a_batch_gives_way_once_it_has_worked_long() -> None:
+    """A batch pauses between two pieces of work once it has worked ``GIVE_WAY_AFTER``
+    since its last pause, and not before; each batch counts its own time."""
+    now = [0.0]
+    pauses: list[float] = []
+    give_way = GiveWay(clock=lambda: now[0], pause=pauses.append)
+    now[0] = GIVE_WAY_AFTER / 2
+    give_way()
+    assert pauses == [], "a batch that has worked less than GIVE_WAY_AFTER does not pause"
+    now[0] = GIVE_WAY_AFTER
+    give_way()
+    assert pauses == [GIVE_WAY_FOR]
+    give_way()
+    assert len(pauses) == 1, "the time is counted again from the pause"
+    GiveWay(clock=lambda: now[0], pause=pauses.append)()
+    assert len(pauses) == 1, "another batch counts its own time"
