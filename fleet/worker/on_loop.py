@@ -46,9 +46,11 @@ log = logging.getLogger("fleet.attempt")
 
 
 class _Attempt(greenlet.greenlet):
-    """An attempt's greenlet here: its store connections wait through ``park_on_socket``."""
+    """An attempt's greenlet here: its store connections wait through ``park_on_socket``,
+    and ``strands.current()`` finds where it runs (``runner``)."""
 
     park_on_socket: Callable[[int, bool, bool], int]
+    runner: OnLoop
 
 
 class OnLoop:
@@ -61,12 +63,10 @@ class OnLoop:
         thread: threading.Thread,
         tokens: int,
         done: Callable[[], None],
-        bind: Callable[[OnLoop], None],
     ) -> None:
         self.loop = loop
         self.thread = thread
         self._done = done
-        self._bind = bind
         self._hub: greenlet.greenlet | None = None
         self._free = tokens
         self._queued: deque[greenlet.greenlet] = deque()
@@ -84,10 +84,10 @@ class OnLoop:
 
     def _start(self, fn: Callable[[], object], context: contextvars.Context) -> None:
         self._hub = greenlet.getcurrent()
-        self._bind(self)  # ``strands.current()`` answers this on the loop's thread
         g = _Attempt(lambda: self._body(fn))
         g.gr_context = context
         g.park_on_socket = self.park_on_socket
+        g.runner = self
         g.switch()
 
     def _body(self, fn: Callable[[], object]) -> None:

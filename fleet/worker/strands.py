@@ -85,6 +85,7 @@ class Strand:
     def _start(self, fn: Callable[[], object], context: contextvars.Context) -> None:
         g = greenlet.greenlet(lambda: self._body(fn))
         g.gr_context = context
+        g.runner = self  # what ``current()`` answers in it
         g.switch()
 
     def _body(self, fn: Callable[[], object]) -> None:
@@ -113,7 +114,6 @@ class Strand:
 
     def _serve(self) -> None:
         self._hub = greenlet.getcurrent()
-        _local.strand = self
         looked = time.monotonic()
         while True:
             try:
@@ -138,19 +138,13 @@ class Strand:
                 wake()
 
 
-_local = threading.local()
-
-
 def current() -> Strand | OnLoop | None:
-    """The strand the calling greenlet runs on, or None on any other thread (a slot)."""
-    strand: Strand | OnLoop | None = getattr(_local, "strand", None)
+    """The strand the calling greenlet runs on (the one that started it), or None on
+    any other thread (a slot) or greenlet."""
+    strand: Strand | OnLoop | None = getattr(greenlet.getcurrent(), "runner", None)
     if strand is None or not strand.owns(greenlet.getcurrent()):
         return None
     return strand
-
-
-def _bind(strand: OnLoop) -> None:
-    _local.strand = strand
 
 
 def off_the_loop(fn: Callable[..., T], *args: Any) -> T:
@@ -189,7 +183,7 @@ class Strands:
         with self._lock:
             self._capacity = capacity
             if capacity and loop is not None:
-                self._on_loop = OnLoop(loop[0], loop[1], threads, self._release, _bind)
+                self._on_loop = OnLoop(loop[0], loop[1], threads, self._release)
                 return
             while capacity and len(self._strands) < threads:
                 self._strands.append(Strand(f"fleet-strand-{len(self._strands)}", self._release))
