@@ -1,12 +1,11 @@
 """Live runs: a run's workflow kept suspended in the worker between its advances.
 
 A replay runs the workflow function from the top over the run's recorded outputs, so
-an advance costs time in proportion to the run's length. A live run's workflow runs on
-a thread of its own instead (its *keeper*): where a replay would unwind (``Suspend``)
-it parks (``WorkflowContext._park``), its thread waiting, and this process keeps it.
-The run's next advance, on whichever thread, hands it that advance's history and
-resumes it where it parked, whatever the run's length (Temporal's sticky workflow
-cache does the same for its workers).
+an advance costs time in proportion to the run's length. A live run's workflow runs in
+a greenlet instead: where a replay would unwind (``Suspend``) it parks
+(``WorkflowContext._park``), and this process keeps it. The run's next advance on the
+same thread hands it that advance's history and resumes it where it parked, whatever
+the run's length (Temporal's sticky workflow cache does the same for its workers).
 
 What the resumed workflow goes on to do is exactly what a replay from the top over the
 same history would do:
@@ -21,133 +20,58 @@ same history would do:
 - it is kept only once the transaction its advance wrote in has committed
   (``after_commit``): a workflow that went on past writes that rolled back is dropped,
   never resumed.
-Anything else (another process, an entry dropped for room, a check that fails) replays
-from the top, which stays the recovery path every kill test exercises.
+Anything else (another process or thread, an entry dropped for room, a check that
+fails) replays from the top, which stays the recovery path every kill test exercises.
 
-One thread owns each parked workflow, by construction: the workflow's code runs only
-on its keeper, which starts it, parks it, resumes it and unwinds it. The thread that
-advances the run hands the keeper its advance (the history through the context, its
-context variables) and waits until the workflow parks, returns or raises: the
-advance's store calls run there in the advance's transaction while the advancing
-thread waits, so the two never touch the store at once, and a lock the workflow waits
-for is never held behind it by another run's workflow (each has its own thread). A
-dropped workflow is unwound on its keeper (``Dropped`` raised where it parked), which
-then ends; a ``Live`` let go without a drop (an advance that failed after it parked)
-is dropped when it is collected. What a process keeps belongs to that process
-(``LiveRuns`` looks at its pid): a forked child starts with nothing kept, and never
-touches what its parent's threads hold. Not on a gevent pool, where threads are
-greenlets of one thread and a store call switches between them under the workflow:
-there every advance replays. At most ``FLEET_LIVE_RUNS`` entries per process, holding
-at most ``MAX_BYTES`` of recorded outputs between them (a parked workflow keeps every
-output it was handed alive, as the workflow itself often does), the least recently
-parked dropped first.
+A greenlet resumes only on the thread that made it: one entry per run, resumed only by
+an advance on its thread (and one whose thread died, its ident taken by another, is
+refused by ``bind``). Not on a gevent pool, where every task is a greenlet of one
+thread and a store call switches greenlets under the workflow: there every advance
+replays. At most ``FLEET_LIVE_RUNS`` entries per process, holding at most ``MAX_BYTES``
+of recorded outputs between them (a parked workflow keeps every output it was handed
+alive, as the workflow itself often does), the least recently parked dropped first.
+
+A dropped greenlet is unwound (``GreenletExit``) by its own thread, from plain code: at
+once if the drop is there, else at that thread's next ``take`` (its orphans). It is
+never let go on another thread: the greenlet library then kills it on its own thread at
+that thread's next greenlet call, which may be in the middle of a switch, and the
+dying greenlet's ``GreenletExit`` message came back from a switch it had no part in:
+the loop's thread, resuming a run's workflow after its commit failed, took "Killing the
+greenlet because all references have vanished." for the workflow's return value and
+recorded it as the run's result (tests/integration/test_async_store_cut.py, about 1
+in 14). ``Live.run`` also refuses such a value rather than record it.
 """
 
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
 import threading
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
-from queue import SimpleQueue
 from typing import Any
 
+import greenlet
+
+from fleet.errors import StoreUnavailable
 from fleet.registry import Registry, WorkflowDef
 from fleet.store.engine import Database, after_commit
 from fleet.store.rows import RunRow, StepRow
 from fleet.worker.runtime import Runtime, under_gevent
-from fleet.worker.workflow import PARKED, WorkflowContext
+from fleet.worker.workflow import PARKED, Suspend, WorkflowContext
+
+log = logging.getLogger("fleet.live")
 
 # What the parked workflows of one process may hold between them, in recorded bytes of
 # the outputs they were handed (the history cache's bound, fleet/store/history.py).
 MAX_BYTES = 64 * 1024 * 1024
 
 
-class Dropped(BaseException):
-    """Raised where a dropped workflow parked, on its keeper: it unwinds, and the
-    thread ends. A ``BaseException``, as ``GeneratorExit`` is: a workflow's ``except
-    Exception`` does not swallow it."""
-
-
-class Keeper:
-    """The thread a live workflow runs on, and the queues an advance hands it through:
-    to it, the advancing thread's context variables (None: unwind); from it, what the
-    workflow did (parked, returned, raised). It holds no reference to its ``Live``,
-    so a ``Live`` nobody keeps is collected, and drops it."""
-
-    def __init__(self, name: str, body: Callable[[], Any]) -> None:
-        self._name = name
-        self._body = body
-        self._inbox: SimpleQueue[contextvars.Context | None] = SimpleQueue()
-        self._outbox: SimpleQueue[tuple[bool, Any]] = SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
-        self.parked = False  # its workflow parked at the end of the latest ``go``
-        self.dropped = False
-
-    def go(self, context: contextvars.Context) -> Any:
-        """Start or resume the workflow, in ``context``'s variables, and wait until it
-        parks (``PARKED``), returns (its value) or raises (raised here)."""
-        if self.dropped:
-            raise RuntimeError(f"{self._name}: a dropped workflow is never resumed")
-        self.parked = False
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=context.run, args=(self._serve,), name=self._name, daemon=True
-            )
-            self._thread.start()
-        else:
-            self._inbox.put(context)
-        try:
-            returned, value = self._outbox.get()
-        except BaseException:  # this thread interrupted (a signal's exception): let it go
-            self.drop()
-            raise
-        if not returned:
-            raise value
-        self.parked = value is PARKED
-        return value
-
-    def park(self) -> None:
-        """On the keeper, where its workflow stops: hand ``PARKED`` back and wait for the
-        next advance (its context variables set here) or the drop (``Dropped``)."""
-        if threading.current_thread() is not self._thread:
-            raise RuntimeError(f"{self._name}: parked from a thread that is not its own")
-        if not self.dropped:
-            self._outbox.put((True, PARKED))
-            context = self._inbox.get()
-            if context is not None:
-                for var, value in context.items():
-                    var.set(value)
-                return
-        raise Dropped
-
-    def drop(self) -> None:
-        """Never resume it: its keeper unwinds it (now if it is parked, else where it
-        next parks) and ends. From any thread of the process that started it; in a
-        forked child, nothing (the keeper is not there)."""
-        if self.dropped or os.getpid() != self._pid:
-            return
-        self.dropped = True
-        self._inbox.put(None)
-
-    def _serve(self) -> None:
-        try:
-            outcome = (True, self._body())
-        except Dropped:
-            return
-        except BaseException as exc:  # the workflow's own error: raised by ``go``
-            outcome = (False, exc)
-        self._outbox.put(outcome)
-
-
 @dataclass(eq=False)
 class Live:
-    """One run's workflow, started or parked on its keeper."""
+    """One run's workflow, started or parked in a greenlet of ``thread``."""
 
     ctx: WorkflowContext
     wf: WorkflowDef
@@ -156,26 +80,50 @@ class Live:
     registry: Registry  # the runtime's it was started with: a resume's must be the same
     db: Database
     created_at: float
+    thread: int = field(default_factory=threading.get_ident)
+    glet: greenlet.greenlet | None = None
     # The secret values its workflow revealed in earlier advances: each advance's
     # redactor masks them too, as a replay that revealed them again would.
     revealed: frozenset[str] = frozenset()
-    keeper: Keeper = field(init=False)
-
-    def __post_init__(self) -> None:
-        body = partial(self.wf.fn, self.ctx, *self.args, **self.kwargs)
-        self.keeper = Keeper(f"fleet-live {self.ctx.run_id}"[:80], body)
-        # Collected without a drop (an advance failed after it parked): dropped then.
-        weakref.finalize(self, self.keeper.drop).atexit = False
 
     def run(self) -> Any:
-        """Start or resume the workflow on its keeper until it parks (``PARKED``),
-        returns (its result) or raises (its exception, raised here)."""
-        self.ctx.live = self.keeper.park
-        return self.keeper.go(contextvars.copy_context())
+        """Start or resume the workflow here until it parks (``PARKED``), returns (its
+        result) or raises (its exception, raised here)."""
+        if self.glet is None:
+            self.ctx.live = True
+            self.glet = greenlet.greenlet(self._body)
+        self.glet.parent = greenlet.getcurrent()
+        # It sees this advance's context variables (its log context, its redactor).
+        self.glet.gr_context = contextvars.copy_context()
+        value = self.glet.switch()
+        if value is not PARKED and not self.glet.dead:
+            # Not the workflow's: it neither parked nor returned. Another greenlet's end
+            # came back through this switch (module docstring); nothing is recorded of
+            # it, and the run is advanced again from the store.
+            self.drop()
+            raise StoreUnavailable(
+                f"run {self.ctx.run_id}: its workflow's greenlet was switched away from "
+                f"(got {value!r:.100}); the run will be advanced again"
+            )
+        return value
+
+    def bind(self) -> bool:
+        """Make the greenlet that is running now the one it parks back to; False if it
+        cannot be (its thread died and another got the same ident: the greenlet
+        library refuses a parent on another thread)."""
+        assert self.glet is not None
+        try:
+            self.glet.parent = greenlet.getcurrent()
+        except (ValueError, greenlet.error):
+            return False
+        return True
+
+    def _body(self) -> Any:
+        return self.wf.fn(self.ctx, *self.args, **self.kwargs)
 
     @property
     def parked(self) -> bool:
-        return self.keeper.parked and not self.keeper.dropped and self.ctx.parked is not None
+        return self.glet is not None and not self.glet.dead and self.ctx.parked is not None
 
     def fits(self, rt: Runtime, run: RunRow, history: Sequence[StepRow]) -> bool:
         """It may be resumed for this advance of ``run`` over ``history``."""
@@ -192,62 +140,96 @@ class Live:
         return all(history[start + i].step_id == step_id for i, step_id in enumerate(ids))
 
     def drop(self) -> None:
-        """Never resume it; its keeper unwinds it and ends."""
-        self.ctx.live = None
-        self.keeper.drop()
+        """Never resume it, and unwind it now if it is this thread's: a parked greenlet
+        and its frames hold each other, so left to the collector a dropped one lives on
+        until a full collection (hundreds of megabytes of them in a worker whose runs
+        outnumber ``FLEET_LIVE_RUNS``). Another thread's is handed to that thread, which
+        unwinds it at its next ``take`` (module docstring). A park while it unwinds
+        raises ``Suspend``."""
+        self.ctx.live = False
+        glet, self.glet = self.glet, None
+        if glet is None or glet.dead:
+            return
+        if self.thread != threading.get_ident():
+            with _ORPHANS_LOCK:
+                _ORPHANS.setdefault(self.thread, []).append((glet, self.ctx.run_id))
+            return
+        _unwind(glet, self.ctx.run_id)
 
 
-@dataclass
-class _Kept:
-    """What one process keeps: a forked child's is its own, made at its first use."""
+# Parked workflows dropped on another thread than theirs, by their thread's ident.
+_ORPHANS: dict[int, list[tuple[greenlet.greenlet, str]]] = {}
+_ORPHANS_LOCK = threading.Lock()
 
-    pid: int = field(default_factory=os.getpid)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    entries: OrderedDict[str, tuple[Live, int]] = field(default_factory=OrderedDict)
-    bytes: int = 0
+
+def _unwind(glet: greenlet.greenlet, run_id: str) -> None:
+    """Throw ``GreenletExit`` into a parked workflow of this thread, from here."""
+    try:
+        glet.parent = greenlet.getcurrent()
+        glet.throw()  # GreenletExit, where it parked
+    except (Exception, Suspend) as exc:  # what its unwinding raised is not ours
+        log.debug("run %s: its dropped workflow unwound with %r", run_id, exc)
+
+
+def unwind_orphans() -> int:
+    """Unwind the parked workflows of this thread that other threads dropped; how many."""
+    me = threading.get_ident()
+    if me not in _ORPHANS:  # the common case, without the lock
+        return 0
+    with _ORPHANS_LOCK:
+        orphans = _ORPHANS.pop(me, [])
+    for glet, run_id in orphans:
+        _unwind(glet, run_id)
+    return len(orphans)
 
 
 class LiveRuns:
-    """This process's parked workflows, one per run: the one its latest advance parked.
-    Any thread may take one to resume it (its keeper runs it)."""
+    """This process's parked workflows, one per run: the one its latest advance parked,
+    on that advance's thread. An advance on another thread drops it (a greenlet
+    resumes only where it was made): an async step's run moves from the slot that
+    started it to the loop's thread for good, and a parked copy left behind on the
+    slot would only take room."""
 
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._kept = _Kept()
+        self._entries: OrderedDict[str, tuple[Live, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
         self.resumed = 0  # advances that resumed a parked workflow, for the benchmarks
-
-    @property
-    def _here(self) -> _Kept:
-        kept = self._kept
-        if kept.pid != os.getpid():  # a forked child: what its parent kept is not its
-            kept = self._kept = _Kept()  # own, nor is a lock a thread of the parent held
-        return kept
 
     def take(
         self, rt: Runtime, run: RunRow, history: Sequence[StepRow], wf: WorkflowDef
     ) -> Live | None:
-        """The run's parked workflow, taken out, if it may be resumed for this advance;
-        None: replay from the top (and the entry, if any, is dropped)."""
+        """The run's parked workflow, taken out, if it may be resumed on this thread for
+        this advance; None: replay from the top (and the entry, if any, is dropped).
+        First, this thread unwinds what other threads dropped of its own."""
+        unwind_orphans()
         live = self._pop(run.id)
         if live is None:
             return None
-        if live.wf is not wf or not live.fits(rt, run, history):
+        if (
+            live.thread != threading.get_ident()
+            or live.wf is not wf
+            or not live.fits(rt, run, history)
+            or not live.bind()
+        ):
             live.drop()
             return None
         self.resumed += 1
         return live
 
     def holds(self, run_id: str) -> bool:
-        """This process keeps a parked workflow of the run."""
-        return run_id in self._here.entries
+        """This thread keeps a parked workflow of the run."""
+        with self._lock:
+            entry = self._entries.get(run_id)
+            return entry is not None and entry[0].thread == threading.get_ident()
 
     def _pop(self, run_id: str) -> Live | None:
-        kept = self._here
-        with kept.lock:
-            entry = kept.entries.pop(run_id, None)
+        with self._lock:
+            entry = self._entries.pop(run_id, None)
             if entry is None:
                 return None
-            kept.bytes -= entry[1]
+            self._bytes -= entry[1]
             return entry[0]
 
     def discard(self, run_id: str) -> None:
@@ -257,46 +239,64 @@ class LiveRuns:
             live.drop()
 
     def keep(self, live: Live, limit: int) -> None:
-        """Keep a parked workflow for the run's next advance (in place of any other of
-        the run), dropping the least recently parked past ``limit`` entries or
-        ``max_bytes`` (one that alone holds more is not kept: replaying it is cheaper
+        """Keep a parked workflow for the run's next advance on its thread (in place of
+        any other of the run), dropping the least recently parked past ``limit`` entries
+        or ``max_bytes`` (one that alone holds more is not kept: replaying it is cheaper
         than holding it)."""
         size = live.ctx.talk.held_bytes
         dropped: list[Live] = []
-        kept = self._here
-        with kept.lock:
-            old = kept.entries.pop(live.ctx.run_id, None)
+        with self._lock:
+            key = live.ctx.run_id
+            old = self._entries.pop(key, None)
             if old is not None:
-                kept.bytes -= old[1]
+                self._bytes -= old[1]
                 if old[0] is not live:
                     dropped.append(old[0])
-            kept.entries[live.ctx.run_id] = (live, size)
-            kept.bytes += size
-            while kept.entries and (len(kept.entries) > limit or kept.bytes > self.max_bytes):
-                gone, gone_size = kept.entries.popitem(last=False)[1]
-                kept.bytes -= gone_size
+            self._entries[key] = (live, size)
+            self._bytes += size
+            while self._entries and (len(self._entries) > limit or self._bytes > self.max_bytes):
+                gone, gone_size = self._entries.popitem(last=False)[1]
+                self._bytes -= gone_size
                 dropped.append(gone)
         for entry in dropped:
             entry.drop()
 
+    def forked(self) -> None:
+        """In a forked child: a new lock (a thread of the parent may have held this one
+        at the fork, and is not in the child to let it go), and nothing kept."""
+        self._lock = threading.Lock()
+        self.clear()
+
     def clear(self) -> None:
-        kept = self._here
-        with kept.lock:
-            entries = [live for live, _ in kept.entries.values()]
-            kept.entries.clear()
-            kept.bytes = 0
+        with self._lock:
+            entries = [live for live, _ in self._entries.values()]
+            self._entries.clear()
+            self._bytes = 0
         for entry in entries:
             entry.drop()
 
     @property
     def held_bytes(self) -> int:
-        return self._here.bytes
+        return self._bytes
 
     def __len__(self) -> int:
-        return len(self._here.entries)
+        return len(self._entries)
 
 
 RUNS = LiveRuns()
+
+
+def _forked() -> None:
+    """A forked child (Celery's prefork pool) keeps none of its parent's greenlets. Its
+    locks are new: a thread of the parent may have held one at the fork, and that
+    thread is not in the child to let it go."""
+    global _ORPHANS_LOCK
+    _ORPHANS_LOCK = threading.Lock()
+    RUNS.forked()
+    _ORPHANS.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def start(
@@ -315,9 +315,8 @@ def start(
 def keep_once_committed(rt: Runtime, live: Live) -> None:
     """Keep ``live`` once what its advance wrote has committed: at once if each write
     was its own transaction, else when ``rt``'s transaction commits (never if it rolls
-    back: then nothing keeps it, and it is dropped when collected)."""
+    back)."""
     if not live.parked or live.ctx.dirty:
-        live.drop()
         return
     limit = rt.settings.live_runs
     tx = rt.ledger.tx

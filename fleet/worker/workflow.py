@@ -8,8 +8,8 @@ the history at its position (``_expect``: ``NonDeterminism`` otherwise). What th
 replay recorded is left in ``new_tasks`` for the driver (``fleet/worker/replay.py``)
 to send once it has committed.
 
-Stopping has two forms. A replayed workflow unwinds (``Suspend``). A live one (run on a
-thread of its own, fleet/worker/live.py) parks where it stands, and a later advance hands it
+Stopping has two forms. A replayed workflow unwinds (``Suspend``). A live one (run in
+a greenlet, fleet/worker/live.py) parks where it stands, and a later advance hands it
 that advance's history (``rebind``) and resumes it there: the rows of the positions it
 parked on are read again, the rows before them are ``done`` rows, which never change.
 """
@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
+
+import greenlet
 
 from fleet import codec
 from fleet.errors import ChildFailed, LimitExceeded, NonDeterminism, StepFailed
@@ -48,7 +50,7 @@ class Suspend(BaseException):
     """
 
 
-# What a live workflow's keeper hands its driver when it parks (fleet/worker/live.py).
+# What a live workflow's greenlet hands its driver when it parks (see ``_park``).
 PARKED = object()
 
 
@@ -94,8 +96,8 @@ class WorkflowContext(Children, Fanouts):
         self.talk = Conversations(rt, run)  # its transcripts and their new messages
         self._run = run
         self.new_children: list[NewChild] = []  # child runs recorded: each needs an advance
-        # Live (fleet/worker/live.py): its keeper's ``park``, called instead of unwinding.
-        self.live: Callable[[], None] | None = None
+        # Live (fleet/worker/live.py): run in a greenlet that parks instead of unwinding.
+        self.live = False
         # Handed a dead step's error: a replayed dead letter can undo that, so this
         # context is not kept live past its advance.
         self.dirty = False
@@ -333,13 +335,13 @@ class WorkflowContext(Children, Fanouts):
 
     def _park(self, start: int, ids: Sequence[str]) -> Sequence[StepRow]:
         """Stop here until the steps ``ids`` at positions ``start``… have moved on.
-        Replayed: unwind (``Suspend``). Live: park on its keeper; a later advance
+        Replayed: unwind (``Suspend``). Live: park the greenlet; a later advance
         resumes it with its own history (``rebind``), whose rows at those positions are
         returned (the driver has checked they are these steps)."""
-        if self.live is None:
+        if not self.live:
             raise Suspend
         self.parked = (start, tuple(ids))
-        self.live()
+        greenlet.getcurrent().parent.switch(PARKED)
         self.parked = None
         return self._history[start : start + len(ids)]
 

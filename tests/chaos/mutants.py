@@ -131,20 +131,14 @@ def fence() -> list[Edit]:
 )
 def fit() -> list[Edit]:
     """A live run resumed without its fit check (``Live.fits``): a parked workflow is
-    resumed for any advance of a run of its id in its process, even if that is another
+    resumed for any advance of a run of its id on its thread, even if that is another
     run (another store's, or the id enqueued again after retention deleted the run), a
     history without the positions it parked on, or another registry.
 
     Breaks live.py's rule that a resumed workflow does what a replay from the top over
     the same history would. Caught by a run whose result or end differs from the model
     (the chaos run's ``differing``/``lost``), and by replaying a captured history."""
-    return [
-        Edit(
-            "fleet/worker/live.py",
-            "        if live.wf is not wf or not live.fits(rt, run, history):\n",
-            "        if live.wf is not wf:\n",
-        )
-    ]
+    return [Edit("fleet/worker/live.py", "            or not live.fits(rt, run, history)\n", "")]
 
 
 @mutant(

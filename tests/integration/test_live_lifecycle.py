@@ -8,7 +8,7 @@ a step per round, every draw in its result) through ``fleet.worker.inline``'s
 ``advance_steps`` and ``run_steps``, the broker stood in by an ``InlineBroker``'s list
 of messages. Each delivery runs on one of two slots, threads kept for the whole test,
 so a run's next advance lands on the thread that parked its workflow or on the other
-(either resumes it: it runs on its keeper).
+(which replays it from the top: a greenlet resumes only on its own thread).
 FLEET_LIVE_RUNS is 2: with three runs, a slot's keep drops the other slot's entries for
 room. The rules:
 
@@ -40,10 +40,8 @@ and sweeping):
 - a forked child that moved a run on entered its workflow from the top (the workflow
   counts its entries): a child keeps none of its parent's parked workflows.
 
-Planted bugs it catches (issue 51): ``take`` resuming a parked workflow without its fit
-check; one handed a dead step's error kept. A workflow kept although its advance's
-transaction rolled back is caught by tests/integration/test_live_runs.py: here each cut
-advance's fallback takes it first, finds it does not fit, and drops it.
+Planted bugs it catches (issue 51), each alone: a parked workflow kept although its
+advance's transaction did not commit; ``take`` resuming one without its fit check.
 """
 
 from __future__ import annotations

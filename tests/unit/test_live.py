@@ -1,20 +1,18 @@
 """The checks that decide whether a parked workflow may be resumed (fleet/worker/live.py),
-the bound on how many a process keeps, and the lifecycle of a parked workflow on its
-keeper (one thread each); with stand-ins for the context and rows."""
+and the bound on how many a process keeps; with stand-ins for the context and rows."""
 
 from __future__ import annotations
 
-import gc
 import os
-import signal
 import threading
 import time
-from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import greenlet
 import pytest
 
+from fleet.errors import StoreUnavailable
 from fleet.worker import live as lives
 from fleet.worker.live import Live, LiveRuns
 from fleet.worker.workflow import PARKED
@@ -22,24 +20,12 @@ from fleet.worker.workflow import PARKED
 REGISTRY, DB = object(), object()
 
 
-KEPT = "parked on its keeper"  # a stand-in context's ``live`` until it is dropped
-
-
-def _parked(
-    start: int,
-    ids: tuple[str, ...],
-    pos: int,
-    dirty: bool = False,
-    held: int = 0,
-    run_id: str = "r",
-    body: Callable[[Any], Any] = lambda ctx: None,
-) -> Live:
+def _parked(start: int, ids: tuple[str, ...], pos: int, dirty: bool = False, held: int = 0) -> Live:
     talk = SimpleNamespace(held_bytes=held)
     ctx: Any = SimpleNamespace(
-        run_id=run_id, parked=(start, ids), reached=pos, dirty=dirty, live=KEPT, talk=talk
+        run_id="r", parked=(start, ids), reached=pos, dirty=dirty, live=True, talk=talk
     )
-    wf: Any = SimpleNamespace(fn=body)
-    return Live(ctx, wf, args=[], kwargs={}, registry=REGISTRY, db=DB, created_at=1.0)
+    return Live(ctx, wf=Any, args=[], kwargs={}, registry=REGISTRY, db=DB, created_at=1.0)  # type: ignore[arg-type]
 
 
 def _history(*ids: str) -> list[Any]:
@@ -86,192 +72,161 @@ def test_a_process_keeps_at_most_its_limit_and_drops_the_least_recent() -> None:
     runs = LiveRuns()
     kept = []
     for run_id in ("a", "b", "c"):
-        live = _parked(0, ("s#1",), 1, run_id=run_id)
+        live = _parked(0, ("s#1",), 1)
+        live.ctx.run_id = run_id
         runs.keep(live, limit=2)
         kept.append(live)
     assert len(runs) == 2
     assert not runs.holds("a") and runs.holds("b") and runs.holds("c")
     # A dropped one is never resumed: if it parks again while it unwinds, it raises.
-    assert kept[0].ctx.live is None and kept[2].ctx.live is KEPT
+    assert kept[0].ctx.live is False and kept[2].ctx.live is True
 
 
 def test_a_process_holds_at_most_its_bytes_of_outputs() -> None:
     runs = LiveRuns(max_bytes=100)
     for run_id, held in (("a", 40), ("b", 40), ("c", 40)):
-        runs.keep(_parked(0, ("s#1",), 1, held=held, run_id=run_id), limit=10)
+        live = _parked(0, ("s#1",), 1, held=held)
+        live.ctx.run_id = run_id
+        runs.keep(live, limit=10)
     assert not runs.holds("a") and runs.holds("b") and runs.holds("c")
     assert runs.held_bytes == 80
-    big = _parked(0, ("s#1",), 1, held=101, run_id="big")
+    big = _parked(0, ("s#1",), 1, held=101)
+    big.ctx.run_id = "big"
     runs.keep(big, limit=10)
     assert len(runs) == 0 and runs.held_bytes == 0, "one over the bound alone is not kept"
-    assert big.ctx.live is None
+    assert big.ctx.live is False
 
 
-DEADLINE = 10.0  # seconds: the most a keeper takes to do what a test waits for
+def _started(unwound: list[str], run_id: str = "r") -> Live:
+    """A live run whose workflow has parked in its greenlet, noting in ``unwound`` when
+    it is unwound."""
 
-
-def _until(done: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not done():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
-
-
-class Story:
-    """What a stand-in workflow did, and on which thread: ``parks`` times it parks (on
-    its context's ``live``, as ``WorkflowContext._park`` does), then it returns
-    ``done``; its unwinding is noted."""
-
-    def __init__(self, parks: int = 1) -> None:
-        self.parks = parks
-        self.threads: list[str] = []
-        self.unwound: list[str] = []
-
-    def body(self, ctx: Any) -> str:
+    def body(ctx: Any) -> None:
         try:
-            for _ in range(self.parks):
-                self.threads.append(threading.current_thread().name)
-                ctx.live()
-            self.threads.append(threading.current_thread().name)
-            return "done"
-        except lives.Dropped:
-            self.unwound.append(threading.current_thread().name)
-            raise
+            greenlet.getcurrent().parent.switch(PARKED)
+        finally:
+            unwound.append(ctx.run_id)
 
-
-def _started(story: Story, run_id: str = "r") -> Live:
-    """A live run whose workflow has parked on its keeper."""
-    live = _parked(0, ("s#1",), 1, run_id=run_id, body=story.body)
-    assert live.run() is PARKED and live.parked
+    live = _parked(0, ("s#1",), 1)
+    live.ctx.run_id = run_id
+    live.wf = SimpleNamespace(fn=body)  # type: ignore[assignment]
+    assert live.run() is PARKED
     return live
 
 
-def test_a_dropped_workflow_is_unwound_on_its_keeper_at_once() -> None:
-    """Fails if a drop leaves the keeper parked: a dropped workflow would hold its
-    thread and everything it was handed for the life of the process."""
-    runs, first, second = LiveRuns(), Story(), Story()
-    a = _started(first, "a")
-    runs.keep(a, limit=1)
-    runs.keep(_started(second, "b"), limit=1)  # "a" dropped for room
-    _until(lambda: first.unwound != [], "the dropped workflow was not unwound")
-    assert first.unwound == first.threads, "unwound on the thread it ran on, its keeper"
-    assert first.threads[0] != threading.current_thread().name
+def test_a_dropped_workflow_is_unwound_at_once_on_its_thread() -> None:
+    """Fails without the unwinding in ``Live.drop``: a parked greenlet and its frames
+    hold each other, so a dropped one waited for a full collection."""
+    runs, unwound = LiveRuns(), []
+    first = _started(unwound, "a")
+    runs.keep(first, limit=1)
+    runs.keep(_started(unwound, "b"), limit=1)
+    assert unwound == ["a"] and first.glet is None
     runs.discard("b")
-    _until(lambda: second.unwound != [], "a discarded workflow was not unwound")
-    assert len(runs) == 0 and runs.held_bytes == 0
+    assert unwound == ["a", "b"] and len(runs) == 0
 
 
-def test_any_thread_resumes_a_parked_workflow_which_runs_on_its_keeper() -> None:
-    """An async step's run moves from a slot's thread to the loop's: its workflow goes
-    on, on the thread it started on, whoever advances it."""
-    runs, story = LiveRuns(), Story(parks=2)
+def test_a_run_keeps_one_parked_workflow_that_of_its_latest_thread() -> None:
+    """An async step's run moves from a slot's thread to the loop's: its parked copy on
+    the slot is replaced, not kept beside (fails with entries by run and thread)."""
+    runs, unwound = LiveRuns(), []
     run: Any = SimpleNamespace(id="r", created_at=1.0)
-    live = _started(story)
-    runs.keep(live, limit=10)
-    got: list[Any] = []
+    on_slot = _parked(0, ("s#1",), 1)
+    on_slot.thread = -1  # another thread's
+    runs.keep(on_slot, limit=10)
+    assert len(runs) == 1 and not runs.holds("r"), "held, but not for this thread"
+    assert runs.take(RT, run, _history("s#1"), on_slot.wf) is None, "not resumed here"
+    assert on_slot.ctx.live is False and len(runs) == 0
+    on_slot.ctx.live = True
+    runs.keep(on_slot, limit=10)
+    here = _started(unwound)
+    runs.keep(here, limit=10)
+    assert len(runs) == 1 and runs.holds("r") and on_slot.ctx.live is False
+    assert runs.take(RT, run, _history("s#1"), here.wf) is here
+    assert unwound == []
+
+
+def test_a_workflow_dropped_on_another_thread_is_unwound_by_its_own() -> None:
+    """A parked greenlet is never let go on another thread (the greenlet library would
+    kill it on its own thread at any greenlet call there, a switch included): it is
+    handed over, and its thread unwinds it at its next ``take``. Fails without the
+    hand-over: nothing unwinds it in ``take``, the library does, elsewhere."""
+    runs, unwound, where = LiveRuns(), [], []
+    parked, go, done = threading.Event(), threading.Event(), threading.Event()
+    holder: list[Live] = []
+    run: Any = SimpleNamespace(id="other", created_at=1.0)
 
     def slot() -> None:
-        taken = runs.take(RT, run, _history("s#1"), live.wf)
-        assert taken is live, "taken on another thread than the one that parked it"
-        got.append(taken.run())
-        runs.keep(taken, limit=10)
+        live = _started(unwound, "r")
+        holder.append(live)
+        parked.set()
+        go.wait(10)
+        unwound.append("before take")
+        runs.take(RT, run, _history(), live.wf)  # a take of another run, on this thread
+        where.append(threading.get_ident())
+        done.set()
 
     thread = threading.Thread(target=slot)
     thread.start()
-    thread.join(DEADLINE)
-    assert got == [PARKED] and runs.holds("r")
-    taken = runs.take(RT, run, _history("s#1"), live.wf)
-    assert taken is live and taken.run() == "done"
-    assert len(set(story.threads)) == 1 and story.unwound == []
-    assert story.threads[0] not in (threading.current_thread().name, thread.name)
-
-
-def test_a_workflow_s_error_is_raised_in_the_advancing_thread() -> None:
-    def body(ctx: Any) -> None:
-        ctx.live()
-        raise ValueError("the workflow's own")
-
-    live = _parked(0, ("s#1",), 1, body=body)
-    assert live.run() is PARKED
-    with pytest.raises(ValueError, match="the workflow's own"):
-        live.run()
-    assert not live.parked
-
-
-def test_a_parked_workflow_nobody_keeps_is_unwound_when_collected() -> None:
-    """An advance that failed after its workflow parked (its transaction rolled back)
-    keeps nothing: fails without the drop at collection, the keeper then waiting for
-    the life of the process."""
-    story = Story()
-    live = _started(story)
+    assert parked.wait(10)
+    (live,) = holder
+    live.drop()  # on this thread: not its own
+    assert live.glet is None and live.ctx.live is False
+    holder.clear()
     del live
-    gc.collect()
-    _until(lambda: story.unwound != [], "a parked workflow let go was never unwound")
-
-
-def test_an_advance_interrupted_while_it_waits_lets_the_workflow_go() -> None:
-    """A slot's wait interrupted (a signal's exception, as a soft time limit raises):
-    the workflow, still running on its keeper, is dropped where it next parks rather
-    than parked for nobody."""
-    go, story = threading.Event(), Story()
-
-    def body(ctx: Any) -> Any:
-        assert go.wait(DEADLINE)
-        return story.body(ctx)
-
-    class Interrupted(Exception):
-        pass
-
-    def interrupt(*_: Any) -> None:
-        raise Interrupted
-
-    live = _parked(0, ("s#1",), 1, body=body)
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.2)
-        with pytest.raises(Interrupted):
-            live.run()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    assert live.keeper.dropped
+    assert unwound == [], "not unwound on a thread that is not its own"
     go.set()
-    _until(lambda: story.unwound != [], "the workflow parked for nobody")
+    assert done.wait(10)
+    thread.join(10)
+    assert unwound == ["before take", "r"], "unwound by its own thread's next take"
 
 
-def test_a_park_from_another_thread_is_refused() -> None:
+def test_a_switch_that_is_not_the_workflow_s_is_refused() -> None:
+    """A value that reaches ``Live.run`` while its workflow neither parked nor returned
+    is another greenlet's (here a helper's end, its parent the caller): refused, and
+    the run is left to be advanced again, never given that value as its result."""
+    unwound: list[str] = []
+
+    def body(ctx: Any) -> None:
+        try:
+            caller = greenlet.getcurrent().parent
+            helper = greenlet.greenlet(lambda: "not the workflow's", parent=caller)
+            helper.switch()  # it ends, and its value goes to the caller
+            greenlet.getcurrent().parent.switch(PARKED)
+        finally:
+            unwound.append(ctx.run_id)
+
     live = _parked(0, ("s#1",), 1)
-    with pytest.raises(RuntimeError, match="not its own"):
-        live.keeper.park()
+    live.wf = SimpleNamespace(fn=body)  # type: ignore[assignment]
+    with pytest.raises(StoreUnavailable, match="switched away from"):
+        live.run()
+    assert live.glet is None and unwound == ["r"], "dropped and unwound"
 
 
-def test_a_forked_child_keeps_nothing_and_waits_for_no_lock_of_its_parent() -> None:
-    """The child of a fork (Celery's prefork pool) starts with nothing kept, while a
-    thread of the parent held the lock of what the parent keeps: the child must not
-    block on it, nor touch its parent's keepers (fails if the child uses its parent's
-    ``LiveRuns`` state)."""
-    runs, story = LiveRuns(), Story()
-    runs.keep(_started(story, "kept"), limit=10)
+def test_a_forked_child_does_not_wait_for_a_lock_its_parent_s_thread_held() -> None:
+    """The child of a fork (Celery's prefork pool) drops its parent's parked workflows,
+    one of another thread among them, while a thread of the parent held the orphans'
+    lock: the child must not block on it (fails without new locks in the child)."""
+    other = _parked(0, ("s#1",), 1)
+    other.thread = -1  # another thread's: dropping it takes the orphans' lock
+    other.glet = greenlet.greenlet(lambda: greenlet.getcurrent().parent.switch(PARKED))
+    assert other.glet.switch() is PARKED
+    lives.RUNS.keep(other, limit=10)
     held, release = threading.Event(), threading.Event()
 
     def holder() -> None:
-        with runs._kept.lock:
+        with lives._ORPHANS_LOCK:
             held.set()
-            release.wait(DEADLINE)
+            release.wait(10)
 
     thread = threading.Thread(target=holder)
     thread.start()
     try:
-        assert held.wait(DEADLINE)
+        assert held.wait(10)
         pid = os.fork()
-        if pid == 0:  # the child: exits 0 only if it keeps nothing and did not block
-            code = 1
-            try:
-                runs.keep(_parked(0, ("s#1",), 1, run_id="child"), limit=10)
-                code = 0 if not runs.holds("kept") and runs.holds("child") else 3
-            finally:
-                os._exit(code)
-        deadline = time.monotonic() + DEADLINE
+        if pid == 0:  # the child: the fork handlers have run, or it hangs here
+            os._exit(0)
+        deadline = time.monotonic() + 10
         done, status = 0, None
         while time.monotonic() < deadline:
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -279,13 +234,11 @@ def test_a_forked_child_keeps_nothing_and_waits_for_no_lock_of_its_parent() -> N
                 break
             time.sleep(0.05)
         else:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, 9)
             os.waitpid(pid, 0)
-        assert done, "the child blocked on a lock the parent's thread held"
-        assert os.waitstatus_to_exitcode(status) == 0, "the child kept its parent's entries"
+        assert status == 0 and done, "the child blocked on a lock the parent's thread held"
     finally:
         release.set()
-        thread.join(DEADLINE)
-    assert runs.holds("kept") and story.unwound == [], "the parent's keeper is untouched"
-    runs.clear()
-    _until(lambda: story.unwound != [], "cleared, but not unwound")
+        thread.join(10)
+        lives.RUNS.clear()
+        lives._ORPHANS.pop(-1, None)
